@@ -1,0 +1,224 @@
+"""`slurmedic lab ...`: the local lab (a real Slurm cluster and monitoring stack on loopback)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import requests
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from lab import manage
+from lab.config import LabConfig
+from lab.slurm import LabError, node_states
+
+F = TypeVar("F", bound=Callable[..., Any])
+console = Console()
+
+
+def lab_errors(fn: F) -> F:
+    """Turn lab and validation failures into one-line CLI errors."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LabError as e:
+            raise click.ClickException(str(e)) from e
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(p) for p in err["loc"])
+            raise click.ClickException(f"{field}: {err['msg']}") from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group()
+@click.option("--run-dir", type=click.Path(file_okay=False), envvar="SLURMEDIC_LAB_DIR",
+              help="Where the lab keeps its state [default: ./run/lab in the repo].")
+@click.pass_context
+def lab(ctx: click.Context, run_dir: str | None) -> None:
+    """The local lab: real Slurm, Prometheus, Alertmanager, Pushgateway, mtail on loopback."""
+    try:
+        ctx.obj = LabConfig.from_env(run_dir)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+
+
+pass_cfg = click.make_pass_decorator(LabConfig)
+
+
+@lab.command()
+@pass_cfg
+@lab_errors
+def up(cfg: LabConfig) -> None:
+    """Start the lab (harmless when it is already up)."""
+    seconds = manage.up(cfg)
+    _print_status(cfg)
+    console.print(f"lab ready in {seconds:.1f}s  (state: {cfg.run_dir})")
+
+
+@lab.command()
+@click.option("--purge", is_flag=True, help="Also delete the run directory.")
+@pass_cfg
+@lab_errors
+def down(cfg: LabConfig, purge: bool) -> None:
+    """Cancel the lab's jobs and stop every lab process."""
+    strays = manage.down(cfg, purge=purge)
+    left = manage.running(cfg)
+    if strays:
+        console.print(f"killed {len(strays)} stray process(es): {strays}")
+    if left:
+        raise click.ClickException(f"processes still running: {left}")
+    console.print("lab is down; nothing left running")
+
+
+@lab.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_cfg
+@lab_errors
+def status(cfg: LabConfig, as_json: bool) -> None:
+    """Show the lab's processes, nodes and endpoints."""
+    if as_json:
+        daemons = {d.name: d.pid for d in manage.status(cfg)}
+        click.echo(json.dumps({"run_dir": str(cfg.run_dir), "daemons": daemons}))
+        return
+    _print_status(cfg)
+
+
+def _print_status(cfg: LabConfig) -> None:
+    t = Table(title="slurmedic lab", show_lines=False)
+    t.add_column("process")
+    t.add_column("pid", justify="right")
+    t.add_column("endpoint / state")
+    states: dict[str, str] = {}
+    if any(d.name == "slurmctld" and d.pid for d in manage.status(cfg)):
+        try:
+            states = node_states(cfg)
+        except LabError:
+            states = {}
+    endpoints = {
+        "prometheus": cfg.prometheus_url,
+        "alertmanager": cfg.alertmanager_url,
+        "pushgateway": cfg.pushgateway_url,
+        "mtail": cfg.url(cfg.mtail_port),
+        "slurm-exporter": cfg.url(cfg.slurm_exporter_port),
+        "dcgm-exporter": f"127.0.0.1:{cfg.dcgm_port(cfg.nodes[0])}-{cfg.dcgm_port(cfg.nodes[-1])}",
+        "slurmctld": f"127.0.0.1:{cfg.slurmctld_port}",
+    }
+    for d in manage.status(cfg):
+        node = d.name.removeprefix("slurmd-")
+        detail = states.get(node, "") if d.name.startswith("slurmd-") else endpoints.get(d.name, "")
+        pid = str(d.pid) if d.pid else "[red]stopped[/red]"
+        t.add_row(d.name, pid, detail)
+    console.print(t)
+
+
+@lab.command()
+@click.option("--nodes", "-N", default=4, show_default=True, type=click.IntRange(1, 8))
+@click.option("--partition", "-p", default="train", show_default=True)
+@click.option("--name", default="pretrain-sim", show_default=True)
+@click.option("--steps", type=click.IntRange(1), help="Stop after this many steps [default: run on].")
+@click.option("--step-time", default=0.5, show_default=True, type=click.FloatRange(0.01))
+@click.option("--ckpt-every", default=10, show_default=True, type=click.IntRange(1))
+@click.option("--nccl-timeout", default=15.0, show_default=True, type=click.FloatRange(1))
+@click.option("--requeue/--no-requeue", default=True, show_default=True)
+@click.option("--comment", default="", help="Slurm job comment (e.g. slurmedic opt-in JSON).")
+@pass_cfg
+@lab_errors
+def train(cfg: LabConfig, **opts: Any) -> None:
+    """Submit a simulated training job (one rank per node); print its job id."""
+    click.echo(manage.submit_training(cfg, **opts))
+
+
+@lab.group()
+def inject() -> None:
+    """Inject a fault: on a GPU, a node, or a training job's rank."""
+
+
+def _gpu_fault(kind: str, help_: str, **extra: Any) -> None:
+    @inject.command(name=kind.replace("_", "-"), help=help_)
+    @click.argument("node")
+    @click.option("--gpu", default=0, show_default=True, type=int)
+    @pass_cfg
+    @lab_errors
+    def cmd(cfg: LabConfig, node: str, gpu: int, **kw: Any) -> None:
+        f = manage.inject_gpu(cfg, kind, node, gpu, **kw)  # type: ignore[arg-type]
+        click.echo(f"injected {f.kind} on {f.node} gpu {f.gpu}" + (f" (XID {f.xid})" if f.xid else ""))
+
+    for opt in reversed(list(extra.values())):
+        cmd = opt(cmd)
+
+
+_gpu_fault("xid", "Raise an XID on a GPU (the DCGM gauge then holds its code).",
+           code=click.option("--code", "xid", required=True, type=click.IntRange(1, 200)))
+_gpu_fault("ecc_dbe", "Double-bit ECC errors (reported with XID 48).",
+           count=click.option("--count", default=1, type=click.IntRange(1)))
+_gpu_fault("row_remap_failure", "A failed row remap (uncorrectable remapped rows grow).")
+_gpu_fault("nvlink", "NVLink CRC errors that keep rising.",
+           rate=click.option("--rate", default=20.0, type=click.FloatRange(0.01), help="errors/s"))
+_gpu_fault("pcie", "PCIe replays that keep rising.",
+           rate=click.option("--rate", default=50.0, type=click.FloatRange(0.01), help="replays/s"))
+_gpu_fault("thermal", "Sustained thermal violation (hot, clocks throttled).")
+_gpu_fault("gpu_lost", "The GPU disappears from the exporter (fell off the bus).")
+
+
+@inject.command(name="node-down")
+@click.argument("node")
+@pass_cfg
+@lab_errors
+def node_down(cfg: LabConfig, node: str) -> None:
+    """Kill a node's slurmd (SIGKILL): it stops responding to slurmctld."""
+    pid = manage.kill_node(cfg, node)
+    click.echo(f"killed slurmd of {node} (pid {pid}); `slurmedic lab clear` brings it back")
+
+
+def _job_fault(kind: str, name: str, help_: str) -> None:
+    @inject.command(name=name, help=help_)
+    @click.argument("job_id", type=int)
+    @click.option("--rank", default=0, show_default=True, type=click.IntRange(0))
+    @click.option("--factor", default=3.0, show_default=True, type=click.FloatRange(1.0, min_open=True),
+                  help="For slow: how many times slower.")
+    @pass_cfg
+    @lab_errors
+    def cmd(cfg: LabConfig, job_id: int, rank: int, factor: float) -> None:
+        f = manage.inject_job(cfg, kind, job_id, rank, factor=factor)  # type: ignore[arg-type]
+        click.echo(f"injected {f.kind} into job {job_id} rank {f.rank} (attempt {f.attempt})")
+
+
+_job_fault("hang", "hang", "A rank hangs silently; the others time out in NCCL.")
+_job_fault("crash_cuda", "crash-cuda", "A rank dies with a CUDA illegal-memory-access traceback.")
+_job_fault("crash_ecc", "crash-ecc", "A rank dies with a CUDA uncorrectable-ECC traceback.")
+_job_fault("crash_nccl", "crash-nccl", "A rank dies with the NCCL watchdog timeout lines.")
+_job_fault("slow", "slow", "A rank computes --factor times slower (a straggler).")
+
+
+@lab.command(name="clear")
+@click.argument("node", required=False)
+@pass_cfg
+@lab_errors
+def clear_cmd(cfg: LabConfig, node: str | None) -> None:
+    """Undo GPU faults (of NODE or all nodes) and restart killed slurmd."""
+    if node is not None and node not in cfg.nodes:
+        raise click.ClickException(f"node: {node!r} is not a lab node ({cfg.nodes_expr})")
+    n = manage.clear(cfg, node)
+    click.echo(f"cleared {n} GPU fault(s)")
+
+
+@lab.command()
+@click.argument("promql")
+@pass_cfg
+@lab_errors
+def query(cfg: LabConfig, promql: str) -> None:
+    """Ask the lab's Prometheus (instant query) and print the result as JSON lines."""
+    r = requests.get(f"{cfg.prometheus_url}/api/v1/query", params={"query": promql}, timeout=5)
+    body = r.json()
+    if body.get("status") != "success":
+        raise click.ClickException(f"query: {body.get('error', r.text)}")
+    for sample in body["data"]["result"]:
+        click.echo(json.dumps({"labels": sample["metric"], "value": sample["value"][1]}))

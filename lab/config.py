@@ -1,0 +1,176 @@
+"""Where the lab lives and which loopback ports it takes.
+
+Everything derives from two settings, so a second lab (the test suite's) can run beside a
+developer's without a clash: the run directory (`SLURMEDIC_LAB_DIR`) and the port base
+(`SLURMEDIC_LAB_PORT_BASE`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hostlist
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PORT_BASE = 17000
+
+# The environment variable every lab process carries: `lab down` finds strays by it.
+MARKER_ENV = "SLURMEDIC_LAB_DIR"
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: str
+    default: bool = False
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    nodes: str
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    run_dir: Path
+    port_base: int = DEFAULT_PORT_BASE
+    nodes_expr: str = "gpu[01-08]"
+    gpus_per_node: int = 8
+    cpus_per_node: int = 8
+    memory_mb: int = 16000
+    partitions: tuple[Partition, ...] = (
+        Partition("train", "gpu[01-06]", default=True),
+        Partition("debug", "gpu[07-08]"),
+    )
+    switches: tuple[Switch, ...] = (Switch("leaf1", "gpu[01-04]"), Switch("leaf2", "gpu[05-08]"))
+    # dcgm-exporter renamed its host label from `Hostname` to `hostname` in mid-2026.
+    dcgm_host_label: str = "Hostname"
+    scrape_interval: str = "1s"
+    python: str = field(default_factory=lambda: sys.executable)
+
+    @classmethod
+    def from_env(cls, run_dir: Path | str | None = None) -> LabConfig:
+        rd = run_dir or os.environ.get(MARKER_ENV) or REPO_ROOT / "run" / "lab"
+        base = int(os.environ.get("SLURMEDIC_LAB_PORT_BASE", DEFAULT_PORT_BASE))
+        host_label = os.environ.get("SLURMEDIC_LAB_DCGM_HOST_LABEL", "Hostname")
+        if host_label not in ("Hostname", "hostname"):
+            raise ValueError(
+                f"SLURMEDIC_LAB_DCGM_HOST_LABEL must be Hostname or hostname, not {host_label!r}"
+            )
+        return cls(run_dir=Path(rd).resolve(), port_base=base, dcgm_host_label=host_label)
+
+    # ---- nodes -------------------------------------------------------------------------
+    @property
+    def nodes(self) -> list[str]:
+        return list(hostlist.expand_hostlist(self.nodes_expr))
+
+    def partition_of(self, node: str) -> str:
+        for p in self.partitions:
+            if node in hostlist.expand_hostlist(p.nodes):
+                return p.name
+        raise KeyError(node)
+
+    # ---- ports (all on 127.0.0.1) ------------------------------------------------------
+    @property
+    def slurmctld_port(self) -> int:
+        return self.port_base + 817
+
+    def slurmd_port(self, node: str) -> int:
+        return self.port_base + 1 + self.nodes.index(node)
+
+    @property
+    def prometheus_port(self) -> int:
+        return self.port_base + 90
+
+    @property
+    def pushgateway_port(self) -> int:
+        return self.port_base + 91
+
+    @property
+    def alertmanager_port(self) -> int:
+        return self.port_base + 93
+
+    @property
+    def mtail_port(self) -> int:
+        return self.port_base + 903
+
+    @property
+    def slurm_exporter_port(self) -> int:
+        return self.port_base + 341
+
+    def dcgm_port(self, node: str) -> int:
+        return self.port_base + 401 + self.nodes.index(node)
+
+    @property
+    def receiver_port(self) -> int:
+        """Where the lab's Alertmanager sends notifications (slurmedic, or a test receiver)."""
+        return self.port_base + 500
+
+    def url(self, port: int) -> str:
+        return f"http://127.0.0.1:{port}"
+
+    @property
+    def prometheus_url(self) -> str:
+        return self.url(self.prometheus_port)
+
+    @property
+    def alertmanager_url(self) -> str:
+        return self.url(self.alertmanager_port)
+
+    @property
+    def pushgateway_url(self) -> str:
+        return self.url(self.pushgateway_port)
+
+    # ---- paths -------------------------------------------------------------------------
+    @property
+    def etc(self) -> Path:
+        return self.run_dir / "etc"
+
+    @property
+    def logs(self) -> Path:
+        return self.run_dir / "log"
+
+    @property
+    def pids(self) -> Path:
+        return self.run_dir / "pid"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.run_dir / "munge" / "munge.socket"
+
+    @property
+    def joblogs(self) -> Path:
+        """The directory mtail tails: srun writes one file per job, node and rank here."""
+        return self.run_dir / "joblogs"
+
+    @property
+    def jobs(self) -> Path:
+        """Per-job working state of the training simulator (progress, checkpoints, control)."""
+        return self.run_dir / "jobs"
+
+    @property
+    def faults_file(self) -> Path:
+        return self.run_dir / "dcgm" / "faults.json"
+
+    @property
+    def hostname(self) -> str:
+        return socket.gethostname()
+
+    def env(self) -> dict[str, str]:
+        """The environment for every lab process and every Slurm client call."""
+        env = dict(os.environ)
+        env["SLURM_CONF"] = str(self.slurm_conf)
+        env[MARKER_ENV] = str(self.run_dir)
+        env["SLURMEDIC_LAB_PORT_BASE"] = str(self.port_base)
+        env["SLURMEDIC_LAB_DCGM_HOST_LABEL"] = self.dcgm_host_label
+        env["PYTHONUNBUFFERED"] = "1"
+        return env

@@ -1,0 +1,158 @@
+"""A fake dcgm-exporter: one endpoint per lab node, the real metric names and labels.
+
+There are no GPUs here, so values are modelled on a real H200 (shared/reference/h200/): idle at
+35 C and 125 W, loaded while a Slurm job holds the node. Faults injected with `slurmedic lab
+inject` change the series the way DCGM would: the XID gauge holds the *last* code,
+DCGM_EXP_XID_ERRORS_COUNT counts XIDs in a 5-minute window, error counters only grow, and a
+GPU that fell off the bus disappears. `hpc_job` comes from the real Slurm job on the node, as
+dcgm-exporter's HPC job mapping would give it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from lab.config import LabConfig
+from lab.serve import serve_forever
+from lab.faults import GpuFault, load_gpu_faults
+from lab.slurm_view import SlurmView
+
+MODEL = "NVIDIA H200"
+DRIVER = "580.159.04"
+XID_WINDOW_S = 300.0
+# Clock event reason bits (nvml): GPU idle, SW thermal slowdown, HW thermal slowdown.
+REASON_IDLE, REASON_SW_THERMAL, REASON_HW_THERMAL = 0x1, 0x20, 0x40
+
+GAUGES = {
+    "DCGM_FI_DEV_SM_CLOCK": "SM clock frequency (in MHz).",
+    "DCGM_FI_DEV_MEM_CLOCK": "Memory clock frequency (in MHz).",
+    "DCGM_FI_DEV_GPU_TEMP": "GPU temperature (in C).",
+    "DCGM_FI_DEV_MEMORY_TEMP": "Memory temperature (in C).",
+    "DCGM_FI_DEV_POWER_USAGE": "Power draw (in W).",
+    "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "Ratio of time the graphics engine is active.",
+    "DCGM_FI_DEV_XID_ERRORS": "Value of the last XID error encountered.",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "Whether remapping of rows has failed",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "Current clock event reasons (bitmask).",
+}
+COUNTERS = {
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "Total number of PCIe retries.",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "Total number of single-bit volatile ECC errors.",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "Total number of double-bit volatile ECC errors.",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "Number of remapped rows for uncorrectable errors",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "Number of remapped rows for correctable errors",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "Total number of NVLink flow-control CRC errors.",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": "Total number of NVLink data CRC errors.",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "Total number of NVLink retries.",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "Total number of NVLink recovery errors.",
+    "DCGM_FI_DEV_POWER_VIOLATION": "Throttling duration due to power constraints (in us).",
+    "DCGM_FI_DEV_THERMAL_VIOLATION": "Throttling duration due to thermal constraints (in us).",
+}
+
+
+def gpu_values(busy: bool, faults: list[GpuFault], now: float) -> dict[str, float]:
+    """The value of every metric of one GPU at `now`, given its job load and its faults."""
+    v: dict[str, float] = {
+        "DCGM_FI_DEV_SM_CLOCK": 1980,
+        "DCGM_FI_DEV_MEM_CLOCK": 3201,
+        "DCGM_FI_DEV_GPU_TEMP": 62 if busy else 35,
+        "DCGM_FI_DEV_MEMORY_TEMP": 58 if busy else 36,
+        "DCGM_FI_DEV_POWER_USAGE": 612.4 if busy else 124.62,
+        "DCGM_FI_DEV_GPU_UTIL": 98 if busy else 0,
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.93 if busy else 0.0,
+        "DCGM_FI_DEV_XID_ERRORS": 0,
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 0 if busy else REASON_IDLE,
+        **dict.fromkeys(COUNTERS, 0.0),
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 1,  # the real H200 shows one replay since reset
+    }
+    for f in faults:  # in injection order: the last XID wins the gauge, as in DCGM
+        elapsed = max(0.0, now - f.at)
+        if f.kind == "xid" and f.xid is not None:
+            v["DCGM_FI_DEV_XID_ERRORS"] = f.xid
+        elif f.kind == "ecc_dbe":
+            v["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] += f.count
+            v["DCGM_FI_DEV_XID_ERRORS"] = 48  # a DBE is reported as XID 48
+        elif f.kind == "row_remap_failure":
+            v["DCGM_FI_DEV_ROW_REMAP_FAILURE"] = 1
+            v["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"] += f.count
+        elif f.kind == "nvlink":
+            v["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"] += int(f.rate * elapsed)
+            v["DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"] += int(f.rate * elapsed / 4)
+        elif f.kind == "pcie":
+            v["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] += int(f.rate * elapsed)
+        elif f.kind == "thermal":
+            v["DCGM_FI_DEV_THERMAL_VIOLATION"] += int(elapsed * 1e6)
+            v["DCGM_FI_DEV_GPU_TEMP"] = 91
+            v["DCGM_FI_DEV_MEMORY_TEMP"] = 95
+            v["DCGM_FI_DEV_SM_CLOCK"] = 1095
+            v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] = (
+                int(v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"]) | REASON_SW_THERMAL | REASON_HW_THERMAL
+            )
+    return v
+
+
+def xid_counts(faults: list[GpuFault], now: float) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for f in faults:
+        code = f.xid if f.kind == "xid" else 48 if f.kind == "ecc_dbe" else None
+        if code is not None and now - f.at <= XID_WINDOW_S:
+            counts[code] = counts.get(code, 0) + 1
+    return counts
+
+
+class NodeCollector(Collector):
+    def __init__(self, cfg: LabConfig, node: str, view: SlurmView) -> None:
+        self.cfg, self.node, self.view = cfg, node, view
+        # Stable per-GPU identities, as the real exporter would report them.
+        self.uuids = [
+            f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.{g}.slurmedic-lab')}"
+            for g in range(cfg.gpus_per_node)
+        ]
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        now = time.time()
+        faults = [f for f in load_gpu_faults(self.cfg.faults_file).faults if f.node == self.node]
+        job = self.view.job_on(self.node)
+        label_names = ["gpu", "UUID", "pci_bus_id", "device", "modelName",
+                       self.cfg.dcgm_host_label, "DCGM_FI_DRIVER_VERSION"]
+        if job is not None:
+            label_names.append("hpc_job")
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            **{n: GaugeMetricFamily(n, h, labels=label_names) for n, h in GAUGES.items()},
+            **{n: CounterMetricFamily(n, h, labels=label_names) for n, h in COUNTERS.items()},
+        }
+        xid_count = GaugeMetricFamily(
+            "DCGM_EXP_XID_ERRORS_COUNT",
+            "Count of XID Errors within user-specified time window (see xid-count-window-size param).",
+            labels=[*label_names, "window_size_in_ms", "xid"],
+        )
+        for gpu in range(self.cfg.gpus_per_node):
+            mine = sorted((f for f in faults if f.gpu == gpu), key=lambda f: f.at)
+            if any(f.kind == "gpu_lost" for f in mine):
+                continue  # fell off the bus: DCGM cannot read it any more
+            labels = [str(gpu), self.uuids[gpu], f"00000000:{0x18 + gpu * 0x10:02X}:00.0",
+                      f"nvidia{gpu}", MODEL, self.node, DRIVER]
+            if job is not None:
+                labels.append(str(job))
+            for name, value in gpu_values(job is not None, mine, now).items():
+                families[name].add_metric(labels, value)
+            for code, n in sorted(xid_counts(mine, now).items()):
+                xid_count.add_metric([*labels, str(int(XID_WINDOW_S * 1000)), str(code)], n)
+        yield from families.values()
+        yield xid_count
+
+
+def main() -> None:
+    cfg = LabConfig.from_env()
+    view = SlurmView(cfg)
+    serve_forever({cfg.dcgm_port(node): NodeCollector(cfg, node, view) for node in cfg.nodes})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""`slurmedic lab up | down | status`, job submission and fault injection, as functions."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+
+from lab import monitoring, processes, slurm
+from lab.config import REPO_ROOT, LabConfig
+from lab.faults import (
+    GpuFault,
+    GpuFaultKind,
+    JobFault,
+    JobFaultKind,
+    add_gpu_fault,
+    add_job_fault,
+    clear_gpu_faults,
+    control_path,
+)
+from lab.slurm import LabError
+from lab.slurm_view import job_nodes
+
+MONITORING = ("slurm-exporter", "dcgm-exporter", "mtail", "pushgateway", "alertmanager", "prometheus")
+
+
+@dataclass
+class Daemon:
+    name: str
+    pid: int | None
+
+
+def daemons(cfg: LabConfig) -> list[str]:
+    return ["munged", "slurmctld", *(f"slurmd-{n}" for n in cfg.nodes), *reversed(MONITORING)]
+
+
+def up(cfg: LabConfig) -> float:
+    """Bring the whole lab up (harmless when it is up); return the seconds it took."""
+    t0 = time.monotonic()
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    slurm.start_cluster(cfg)
+    monitoring.start(cfg)
+    slurm.wait_nodes_ready(cfg)
+    monitoring.wait_ready(cfg)
+    monitoring.wait_scraped(cfg)
+    return time.monotonic() - t0
+
+
+def down(cfg: LabConfig, *, purge: bool = False) -> list[int]:
+    """Stop everything; return the PIDs that had to be killed as strays (should be none)."""
+    try:
+        slurm.cancel_all_jobs(cfg)
+    except (LabError, OSError):
+        pass  # slurmctld may already be gone; the sweep below still finds job tasks
+    for name in MONITORING:
+        processes.stop(cfg, name)
+    for node in cfg.nodes:
+        processes.stop(cfg, f"slurmd-{node}", grace=3.0)
+    processes.stop(cfg, "slurmctld")
+    processes.stop(cfg, "munged")
+    strays = list(processes.marked_pids(cfg))
+    for pid in strays:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    processes.wait_until(lambda: not any(processes.is_alive(p) for p in strays), 5.0)
+    if purge and cfg.run_dir.exists():
+        shutil.rmtree(cfg.run_dir)
+    return strays
+
+
+def status(cfg: LabConfig) -> list[Daemon]:
+    return [Daemon(name, processes.read_pid(cfg, name)) for name in daemons(cfg)]
+
+
+def running(cfg: LabConfig) -> list[int]:
+    """Every live process of this lab, by PID file or by environment marker."""
+    pids = {d.pid for d in status(cfg) if d.pid is not None}
+    return sorted(pids | set(processes.marked_pids(cfg)))
+
+
+# ---- training jobs ---------------------------------------------------------------------------
+
+
+def submit_training(
+    cfg: LabConfig,
+    *,
+    nodes: int = 4,
+    partition: str = "train",
+    name: str = "pretrain-sim",
+    steps: int | None = None,
+    step_time: float = 0.5,
+    ckpt_every: int = 10,
+    nccl_timeout: float = 15.0,
+    requeue: bool = True,
+    comment: str = "",
+    exclude: str = "",
+) -> int:
+    trainer = [cfg.python, "-m", "lab.trainer", f"--step-time={step_time}",
+               f"--ckpt-every={ckpt_every}", f"--nccl-timeout={nccl_timeout}"]
+    if steps is not None:
+        trainer.append(f"--steps={steps}")
+    argv = [
+        "sbatch", "--parsable", f"--job-name={name}", f"--partition={partition}",
+        f"--nodes={nodes}", "--ntasks-per-node=1", "--exclusive", "--gres=gpu:8",
+        "--requeue" if requeue else "--no-requeue",
+        f"--output={cfg.jobs}/slurm-%j.out", f"--chdir={REPO_ROOT}",
+        f"--wrap=srun {shlex.join(trainer)}",
+    ]
+    if comment:
+        argv.append(f"--comment={comment}")
+    if exclude:
+        argv.append(f"--exclude={exclude}")
+    cfg.jobs.mkdir(parents=True, exist_ok=True)
+    out = slurm.slurm(cfg, *argv).strip()
+    return int(out.split(";")[0])
+
+
+def show_job(cfg: LabConfig, job_id: int) -> dict[str, str]:
+    """`scontrol show job -o` as a dict (22.05 has no --json for scontrol)."""
+    out = slurm.slurm(cfg, "scontrol", "show", "job", "-o", str(job_id), check=False)
+    fields: dict[str, str] = {}
+    for token in out.split():
+        key, sep, value = token.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    if "JobId" not in fields:
+        raise LabError(f"job {job_id} is not known to the lab's slurmctld")
+    return fields
+
+
+def running_job(cfg: LabConfig, job_id: int) -> tuple[list[str], int]:
+    """The nodes and restart count of a RUNNING job, or a clear error."""
+    info = show_job(cfg, job_id)
+    if info.get("JobState") != "RUNNING":
+        raise LabError(f"job {job_id} is {info.get('JobState')}, not RUNNING")
+    return job_nodes({"nodes": info.get("NodeList", "")}), int(info.get("Restarts", "0"))
+
+
+# ---- faults --------------------------------------------------------------------------------
+
+
+def inject_gpu(
+    cfg: LabConfig, kind: GpuFaultKind, node: str, gpu: int, *,
+    xid: int | None = None, count: int = 1, rate: float = 1.0,
+) -> GpuFault:
+    if node not in cfg.nodes:
+        raise LabError(f"node: {node!r} is not a lab node ({cfg.nodes_expr})")
+    if not 0 <= gpu < cfg.gpus_per_node:
+        raise LabError(f"gpu: {gpu} is not in 0..{cfg.gpus_per_node - 1}")
+    fault = GpuFault(node=node, gpu=gpu, kind=kind, at=time.time(), xid=xid, count=count, rate=rate)
+    add_gpu_fault(cfg.faults_file, fault)
+    return fault
+
+
+def kill_node(cfg: LabConfig, node: str) -> int:
+    """Kill a node as if it lost power: its slurmd and everything it runs, with SIGKILL."""
+    if node not in cfg.nodes:
+        raise LabError(f"node: {node!r} is not a lab node ({cfg.nodes_expr})")
+    pid = processes.read_pid(cfg, f"slurmd-{node}")
+    if pid is None:
+        raise LabError(f"slurmd of {node} is not running")
+    victims = [pid, *processes.descendants(pid)]
+    for victim in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    processes.wait_until(lambda: not any(processes.is_alive(v) for v in victims), 5.0)
+    return pid
+
+
+def inject_job(
+    cfg: LabConfig, kind: JobFaultKind, job_id: int, rank: int, *, factor: float = 3.0
+) -> JobFault:
+    nodes, attempt = running_job(cfg, job_id)
+    if not 0 <= rank < len(nodes):
+        raise LabError(f"rank: job {job_id} has ranks 0..{len(nodes) - 1}, not {rank}")
+    fault = JobFault(rank=rank, attempt=attempt, kind=kind, at=time.time(), factor=factor)
+    add_job_fault(control_path(cfg.jobs, job_id), fault)
+    return fault
+
+
+def clear(cfg: LabConfig, node: str | None = None) -> int:
+    """Undo GPU faults (of one node or all) and restart killed slurmd; return faults removed."""
+    removed = clear_gpu_faults(cfg.faults_file, node)
+    for n in cfg.nodes if node is None else [node]:
+        if processes.read_pid(cfg, "slurmctld") is not None:
+            slurm.start_slurmd(cfg, n)
+    return removed

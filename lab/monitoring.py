@@ -1,0 +1,174 @@
+"""Prometheus, Alertmanager, Pushgateway, mtail and the two fake exporters, on loopback.
+
+The lab scrapes and evaluates every second (production: 15-30 s) so that a test sees a fault
+as an alert within seconds. Rules come straight from the repo's `alert_rules/`, so the lab
+always runs what operators would deploy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+import yaml
+
+from lab import processes
+from lab.config import REPO_ROOT, LabConfig
+from lab.slurm import LabError
+
+RULES_DIR = REPO_ROOT / "alert_rules"
+MTAIL_DIR = RULES_DIR / "mtail"
+
+
+def prometheus_config(cfg: LabConfig) -> dict[str, Any]:
+    def job(name: str, targets: list[int], **extra: Any) -> dict[str, Any]:
+        return {
+            "job_name": name,
+            "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in targets]}],
+            **extra,
+        }
+
+    return {
+        "global": {
+            "scrape_interval": cfg.scrape_interval,
+            "scrape_timeout": cfg.scrape_interval,
+            "evaluation_interval": cfg.scrape_interval,
+            "external_labels": {"cluster": "slurmedic-lab"},
+        },
+        "rule_files": [str(RULES_DIR / "*.rules.yml")],
+        "alerting": {
+            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{cfg.alertmanager_port}"]}]}]
+        },
+        "scrape_configs": [
+            job("prometheus", [cfg.prometheus_port]),
+            job("dcgm", [cfg.dcgm_port(n) for n in cfg.nodes]),
+            job("slurm", [cfg.slurm_exporter_port]),
+            # Pushed series carry their own job/instance; keep them (the Pushgateway docs' advice).
+            job("pushgateway", [cfg.pushgateway_port], honor_labels=True),
+            job("mtail", [cfg.mtail_port]),
+        ],
+    }
+
+
+def alertmanager_config(cfg: LabConfig) -> dict[str, Any]:
+    """Route every alert that carries a `signal` to the lab's receiver port, quickly.
+
+    `alert_rules/alertmanager.yml` is the production example; the lab uses lab timings.
+    """
+    return {
+        "route": {
+            "receiver": "slurmedic",
+            "group_by": ["slurm_job_id", "node"],
+            "group_wait": "0s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {
+                "name": "slurmedic",
+                "webhook_configs": [
+                    {
+                        "url": f"http://127.0.0.1:{cfg.receiver_port}/api/v1/alerts",
+                        "send_resolved": True,
+                        "max_alerts": 0,
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def _write_yaml(path: Any, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def write_config(cfg: LabConfig) -> None:
+    _write_yaml(cfg.etc / "prometheus.yml", prometheus_config(cfg))
+    _write_yaml(cfg.etc / "alertmanager.yml", alertmanager_config(cfg))
+    cfg.joblogs.mkdir(parents=True, exist_ok=True)
+    cfg.jobs.mkdir(parents=True, exist_ok=True)
+
+
+def start(cfg: LabConfig) -> None:
+    write_config(cfg)
+    rd = cfg.run_dir
+    py = cfg.python
+    processes.start(
+        cfg,
+        "prometheus",
+        [
+            "prometheus",
+            f"--config.file={cfg.etc / 'prometheus.yml'}",
+            f"--storage.tsdb.path={rd / 'prometheus'}",
+            f"--web.listen-address=127.0.0.1:{cfg.prometheus_port}",
+            "--web.enable-lifecycle",
+            "--storage.tsdb.retention.time=2d",
+        ],
+    )
+    processes.start(
+        cfg,
+        "alertmanager",
+        [
+            "prometheus-alertmanager",
+            f"--config.file={cfg.etc / 'alertmanager.yml'}",
+            f"--storage.path={rd / 'alertmanager'}",
+            f"--web.listen-address=127.0.0.1:{cfg.alertmanager_port}",
+            "--cluster.listen-address=",
+        ],
+    )
+    processes.start(
+        cfg,
+        "pushgateway",
+        [
+            "prometheus-pushgateway",
+            f"--web.listen-address=127.0.0.1:{cfg.pushgateway_port}",
+        ],
+    )
+    processes.start(
+        cfg,
+        "mtail",
+        [
+            "mtail",
+            f"--progs={MTAIL_DIR}",
+            f"--logs={cfg.joblogs}/*.out",
+            "--address=127.0.0.1",
+            f"--port={cfg.mtail_port}",
+            "--logtostderr",
+        ],
+    )
+    processes.start(cfg, "dcgm-exporter", [py, "-m", "lab.dcgm_exporter"])
+    processes.start(cfg, "slurm-exporter", [py, "-m", "lab.slurm_exporter"])
+
+
+READINESS = {
+    "prometheus": lambda cfg: f"{cfg.prometheus_url}/-/ready",
+    "alertmanager": lambda cfg: f"{cfg.alertmanager_url}/-/ready",
+    "pushgateway": lambda cfg: f"{cfg.pushgateway_url}/-/ready",
+    "mtail": lambda cfg: f"{cfg.url(cfg.mtail_port)}/metrics",
+    "dcgm-exporter": lambda cfg: f"{cfg.url(cfg.dcgm_port(cfg.nodes[-1]))}/metrics",
+    "slurm-exporter": lambda cfg: f"{cfg.url(cfg.slurm_exporter_port)}/metrics",
+}
+
+
+def wait_ready(cfg: LabConfig, timeout: float = 20.0) -> None:
+    for name, url_of in READINESS.items():
+        url = url_of(cfg)
+
+        def ok(url: str = url) -> bool:
+            return requests.get(url, timeout=1).status_code == 200
+
+        if not processes.wait_until(ok, timeout, 0.1):
+            raise LabError(f"{name} is not ready at {url}; see {cfg.logs}/{name}.out")
+
+
+def wait_scraped(cfg: LabConfig, timeout: float = 20.0) -> None:
+    """Wait until Prometheus has scraped every target successfully once."""
+
+    def all_up() -> bool:
+        r = requests.get(f"{cfg.prometheus_url}/api/v1/targets", timeout=1).json()
+        targets = r["data"]["activeTargets"]
+        return bool(targets) and all(t["health"] == "up" for t in targets)
+
+    if not processes.wait_until(all_up, timeout, 0.2):
+        raise LabError("Prometheus has targets that are not up; see `slurmedic lab status`")

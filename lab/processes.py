@@ -1,0 +1,149 @@
+"""Start and stop the lab's daemons by PID.
+
+Daemons run in the foreground of their own session, their PID in `<run>/pid/<name>.pid`,
+their output in `<run>/log/<name>.out`. There is no systemd here and PID 1 may not reap
+orphans, so a zombie counts as stopped (the state letter in /proc/PID/stat, not `kill -0`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from lab.config import MARKER_ENV, LabConfig
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state letter follows the parenthesised command name, which may hold spaces.
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")
+
+
+def read_pid(cfg: LabConfig, name: str) -> int | None:
+    try:
+        pid = int((cfg.pids / f"{name}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if is_alive(pid) else None
+
+
+def start(
+    cfg: LabConfig,
+    name: str,
+    argv: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> int:
+    """Start `argv` as daemon `name` unless it already runs; return its PID."""
+    existing = read_pid(cfg, name)
+    if existing is not None:
+        return existing
+    cfg.pids.mkdir(parents=True, exist_ok=True)
+    cfg.logs.mkdir(parents=True, exist_ok=True)
+    with (cfg.logs / f"{name}.out").open("ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env or cfg.env(),
+            cwd=cwd or cfg.run_dir,
+            start_new_session=True,
+        )
+    (cfg.pids / f"{name}.pid").write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def stop_pid(pid: int, *, grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds (slurmd ignores TERM while it retries)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if wait_until(lambda: not is_alive(pid), grace):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not is_alive(pid), 5.0)
+
+
+def stop(cfg: LabConfig, name: str, *, grace: float = 5.0) -> bool:
+    """Stop daemon `name`; True when it was running."""
+    pid = read_pid(cfg, name)
+    pidfile = cfg.pids / f"{name}.pid"
+    if pid is None:
+        pidfile.unlink(missing_ok=True)
+        return False
+    stop_pid(pid, grace=grace)
+    pidfile.unlink(missing_ok=True)
+    return True
+
+
+def marked_pids(cfg: LabConfig) -> Iterator[int]:
+    """Every live process whose environment names this lab: daemons, slurmstepd, job tasks."""
+    marker = f"{MARKER_ENV}={cfg.run_dir}".encode()
+    conf_marker = f"SLURM_CONF={cfg.slurm_conf}".encode()
+    spare = _ancestors()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in spare:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (marker in environ or conf_marker in environ) and is_alive(int(entry.name)):
+            yield int(entry.name)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below `root` (slurmd's slurmstepd and job tasks, for one)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            parent = _parent(int(entry.name))
+            if parent is not None:
+                children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return [p for p in found if is_alive(p)]
+
+
+def _ancestors() -> set[int]:
+    """This process and its parents: a caller that carries the marker is never a stray."""
+    pids: set[int] = set()
+    pid: int | None = os.getpid()
+    while pid is not None and pid > 1:
+        pids.add(pid)
+        pid = _parent(pid)
+    return pids
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if predicate():
+                return True
+        except Exception:  # noqa: S110 - a probe that errors is a probe that is not ready yet
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)

@@ -1,0 +1,222 @@
+"""A real Slurm 22.05 cluster on one machine: munged, slurmctld and one `slurmd -N` per node.
+
+Settings follow shared/reference/lab.md (what is known to work here): root everywhere, fake GPU
+gres backed by character devices, short scheduler and timeout intervals so failures show in
+seconds rather than minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import hostlist
+
+from lab import processes
+from lab.config import LabConfig
+
+SLURM_TIMEOUT = 20.0
+
+
+class LabError(RuntimeError):
+    """The lab could not be brought into the asked state; the message says why."""
+
+
+def slurm(cfg: LabConfig, *args: str, check: bool = True, timeout: float = SLURM_TIMEOUT) -> str:
+    """Run a Slurm client command against the lab cluster and return its stdout."""
+    proc = subprocess.run(
+        list(args), env=cfg.env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and proc.returncode != 0:
+        raise LabError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def slurm_json(cfg: LabConfig, *args: str) -> dict[str, Any]:
+    out = slurm(cfg, *args, "--json")
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+# ---- configuration -------------------------------------------------------------------------
+
+
+def render_slurm_conf(cfg: LabConfig) -> str:
+    rd = cfg.run_dir
+    nodes = cfg.nodes
+    first, last = cfg.slurmd_port(nodes[0]), cfg.slurmd_port(nodes[-1])
+    lines = [
+        "# Written by `slurmedic lab up`; edits are overwritten.",
+        "ClusterName=slurmedic-lab",
+        f"SlurmctldHost={cfg.hostname}(127.0.0.1)",
+        f"SlurmctldPort={cfg.slurmctld_port}",
+        f"SlurmdPort={first}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={cfg.munge_socket},cred_expire=5",
+        f"StateSaveLocation={rd}/slurm/state",
+        f"SlurmdSpoolDir={rd}/slurm/spool/%n",
+        f"SlurmctldPidFile={rd}/slurm/slurmctld.pid",
+        f"SlurmdPidFile={rd}/slurm/slurmd-%n.pid",
+        f"SlurmctldLogFile={cfg.logs}/slurmctld.log",
+        f"SlurmdLogFile={cfg.logs}/slurmd-%n.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "MpiDefault=none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=bf_interval=1,sched_interval=1",
+        "GresTypes=gpu",
+        "TopologyPlugin=topology/tree",
+        "ReturnToService=2",
+        "SlurmdParameters=config_overrides",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        # A killed slurmd shows as not responding within seconds, DOWN after SlurmdTimeout.
+        "SlurmdTimeout=10",
+        "SlurmctldTimeout=10",
+        "MessageTimeout=5",
+        "KillWait=2",
+        "InactiveLimit=0",
+        "MinJobAge=300",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        f"NodeName={cfg.nodes_expr} NodeHostname={cfg.hostname} NodeAddr=127.0.0.1 "
+        f"Port=[{first}-{last}] CPUs={cfg.cpus_per_node} RealMemory={cfg.memory_mb} "
+        f"Gres=gpu:{cfg.gpus_per_node} State=UNKNOWN",
+    ]
+    for p in cfg.partitions:
+        lines.append(
+            f"PartitionName={p.name} Nodes={p.nodes} Default={'YES' if p.default else 'NO'} "
+            "MaxTime=INFINITE State=UP"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_gres_conf(cfg: LabConfig) -> str:
+    last = cfg.gpus_per_node - 1
+    return (
+        "AutoDetect=off\n"
+        f"NodeName={cfg.nodes_expr} Name=gpu File={cfg.run_dir}/dev/nvidia[0-{last}]\n"
+    )
+
+
+def render_topology_conf(cfg: LabConfig) -> str:
+    leaves = [f"SwitchName={s.name} Nodes={s.nodes}" for s in cfg.switches]
+    names = hostlist.collect_hostlist([s.name for s in cfg.switches])
+    return "\n".join([*leaves, f"SwitchName=spine Switches={names}"]) + "\n"
+
+
+def write_config(cfg: LabConfig) -> None:
+    for d in (cfg.etc, cfg.logs, cfg.run_dir / "slurm" / "state", cfg.run_dir / "dev"):
+        d.mkdir(parents=True, exist_ok=True)
+    for node in cfg.nodes:
+        (cfg.run_dir / "slurm" / "spool" / node).mkdir(parents=True, exist_ok=True)
+    for i in range(cfg.gpus_per_node):
+        dev = cfg.run_dir / "dev" / f"nvidia{i}"
+        if not dev.exists():
+            # gres needs real device nodes; regular files make the nodes INVAL.
+            subprocess.run(["mknod", str(dev), "c", "1", "3"], check=True)
+    _write_if_changed(cfg.slurm_conf, render_slurm_conf(cfg))
+    _write_if_changed(cfg.etc / "gres.conf", render_gres_conf(cfg))
+    _write_if_changed(cfg.etc / "topology.conf", render_topology_conf(cfg))
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+# ---- daemons -------------------------------------------------------------------------------
+
+
+def start_munge(cfg: LabConfig) -> None:
+    mdir = cfg.munge_socket.parent
+    mdir.mkdir(parents=True, exist_ok=True)
+    mdir.chmod(0o755)
+    key = mdir / "munge.key"
+    if not key.exists():
+        subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True)
+        key.chmod(0o600)
+    processes.start(
+        cfg,
+        "munged",
+        [
+            "munged",
+            "--foreground",
+            "--force",
+            f"--socket={cfg.munge_socket}",
+            f"--key-file={key}",
+            f"--pid-file={mdir / 'munged.pid'}",
+            f"--log-file={cfg.logs / 'munged.log'}",
+            f"--seed-file={mdir / 'munged.seed'}",
+        ],
+    )
+    if not processes.wait_until(cfg.munge_socket.exists, 10):
+        raise LabError(f"munged did not create {cfg.munge_socket}; see {cfg.logs}/munged.out")
+
+
+def start_slurmctld(cfg: LabConfig) -> None:
+    processes.start(cfg, "slurmctld", ["slurmctld", "-D", "-i", "-f", str(cfg.slurm_conf)])
+    if not processes.wait_until(lambda: "UP" in slurm(cfg, "scontrol", "ping"), 15, 0.2):
+        raise LabError(f"slurmctld did not answer; see {cfg.logs}/slurmctld.log")
+
+
+def start_slurmd(cfg: LabConfig, node: str) -> None:
+    processes.start(
+        cfg, f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(cfg.slurm_conf)]
+    )
+
+
+def start_cluster(cfg: LabConfig) -> None:
+    for tool in ("munged", "slurmctld", "slurmd", "sinfo"):
+        if shutil.which(tool) is None:
+            raise LabError(f"{tool} is not installed: run ./scripts/setup.sh first")
+    write_config(cfg)
+    start_munge(cfg)
+    start_slurmctld(cfg)
+    for node in cfg.nodes:
+        start_slurmd(cfg, node)
+
+
+def node_states(cfg: LabConfig) -> dict[str, str]:
+    """Node name to a compact state: idle, alloc, mixed, down, drain, ... plus `*` if silent."""
+    out = slurm(cfg, "sinfo", "-h", "-N", "-o", "%N %t")
+    states: dict[str, str] = {}
+    for line in out.splitlines():
+        name, state = line.split()
+        states[name] = state
+    return states
+
+
+def wait_nodes_ready(cfg: LabConfig, timeout: float = 20.0) -> None:
+    """Wait until every node has registered (no `*`, not unknown/down)."""
+
+    def ready() -> bool:
+        states = node_states(cfg)
+        return len(states) == len(cfg.nodes) and all(
+            not s.endswith("*") and s.rstrip("$~#!%@^-") not in ("unk", "down", "inval")
+            for s in states.values()
+        )
+
+    if not processes.wait_until(ready, timeout, 0.2):
+        raise LabError(f"nodes not ready after {timeout:.0f}s: {node_states(cfg)}")
+
+
+def cancel_all_jobs(cfg: LabConfig, timeout: float = 15.0) -> None:
+    """scancel every job and wait for them to leave (killing slurmd would orphan job tasks)."""
+    if processes.read_pid(cfg, "slurmctld") is None:
+        return
+    slurm(cfg, "scancel", "--full", "--user=root", check=False)
+    processes.wait_until(
+        lambda: not slurm(cfg, "squeue", "-h", "-t", "R,CG,PD,S", "-o", "%i", check=False).strip(),
+        timeout,
+        0.3,
+    )

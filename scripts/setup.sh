@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Install what slurmedic and its lab need, idempotently: Debian packages (only those missing,
+# without starting their system services) and the project's .venv (reinstalled only when
+# pyproject.toml changed). Run as root on Debian 12.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager
+          prometheus-pushgateway mtail python3 python3-venv)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  # The lab runs its own daemons by PID on its own ports: keep apt from starting the
+  # packages' system services (a no-op where there is no init system).
+  policy=/usr/sbin/policy-rc.d
+  own_policy=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && own_policy=1
+  fi
+  trap '[ "$own_policy" = 1 ] && rm -f "$policy"' EXIT
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.slurmedic-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing slurmedic into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$want" > "$stamp"
+fi
+echo "setup: ready"

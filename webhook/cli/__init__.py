@@ -1,0 +1,22 @@
+"""The `slurmedic` command."""
+
+from __future__ import annotations
+
+import click
+
+from webhook import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="slurmedic")
+def main() -> None:
+    """slurmedic keeps distributed GPU training on Slurm running."""
+
+
+def _register() -> None:
+    from lab.cli import lab
+
+    main.add_command(lab)
+
+
+_register()
