@@ -8,12 +8,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-import requests
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from lab import manage
+from lab import api, manage
 from lab.config import LabConfig
 from lab.slurm import LabError, node_states
 
@@ -39,8 +38,12 @@ def lab_errors(fn: F) -> F:
 
 
 @click.group()
-@click.option("--run-dir", type=click.Path(file_okay=False), envvar="SLURMEDIC_LAB_DIR",
-              help="Where the lab keeps its state [default: ./run/lab in the repo].")
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False),
+    envvar="SLURMEDIC_LAB_DIR",
+    help="Where the lab keeps its state [default: ./run/lab in the repo].",
+)
 @click.pass_context
 def lab(ctx: click.Context, run_dir: str | None) -> None:
     """The local lab: real Slurm, Prometheus, Alertmanager, Pushgateway, mtail on loopback."""
@@ -123,7 +126,9 @@ def _print_status(cfg: LabConfig) -> None:
 @click.option("--nodes", "-N", default=4, show_default=True, type=click.IntRange(1, 8))
 @click.option("--partition", "-p", default="train", show_default=True)
 @click.option("--name", default="pretrain-sim", show_default=True)
-@click.option("--steps", type=click.IntRange(1), help="Stop after this many steps [default: run on].")
+@click.option(
+    "--steps", type=click.IntRange(1), help="Stop after this many steps [default: run on]."
+)
 @click.option("--step-time", default=0.5, show_default=True, type=click.FloatRange(0.01))
 @click.option("--ckpt-every", default=10, show_default=True, type=click.IntRange(1))
 @click.option("--nccl-timeout", default=15.0, show_default=True, type=click.FloatRange(1))
@@ -131,7 +136,7 @@ def _print_status(cfg: LabConfig) -> None:
 @click.option("--comment", default="", help="Slurm job comment (e.g. slurmedic opt-in JSON).")
 @pass_cfg
 @lab_errors
-def train(cfg: LabConfig, **opts: Any) -> None:
+def train(cfg: LabConfig, /, **opts: Any) -> None:
     """Submit a simulated training job (one rank per node); print its job id."""
     click.echo(manage.submit_training(cfg, **opts))
 
@@ -147,23 +152,37 @@ def _gpu_fault(kind: str, help_: str, **extra: Any) -> None:
     @click.option("--gpu", default=0, show_default=True, type=int)
     @pass_cfg
     @lab_errors
-    def cmd(cfg: LabConfig, node: str, gpu: int, **kw: Any) -> None:
+    def cmd(cfg: LabConfig, /, node: str, gpu: int, **kw: Any) -> None:
         f = manage.inject_gpu(cfg, kind, node, gpu, **kw)  # type: ignore[arg-type]
-        click.echo(f"injected {f.kind} on {f.node} gpu {f.gpu}" + (f" (XID {f.xid})" if f.xid else ""))
+        click.echo(
+            f"injected {f.kind} on {f.node} gpu {f.gpu}" + (f" (XID {f.xid})" if f.xid else "")
+        )
 
     for opt in reversed(list(extra.values())):
         cmd = opt(cmd)
 
 
-_gpu_fault("xid", "Raise an XID on a GPU (the DCGM gauge then holds its code).",
-           code=click.option("--code", "xid", required=True, type=click.IntRange(1, 200)))
-_gpu_fault("ecc_dbe", "Double-bit ECC errors (reported with XID 48).",
-           count=click.option("--count", default=1, type=click.IntRange(1)))
+_gpu_fault(
+    "xid",
+    "Raise an XID on a GPU (the DCGM gauge then holds its code).",
+    code=click.option("--code", "xid", required=True, type=click.IntRange(1, 200)),
+)
+_gpu_fault(
+    "ecc_dbe",
+    "Double-bit ECC errors (reported with XID 48).",
+    count=click.option("--count", default=1, type=click.IntRange(1)),
+)
 _gpu_fault("row_remap_failure", "A failed row remap (uncorrectable remapped rows grow).")
-_gpu_fault("nvlink", "NVLink CRC errors that keep rising.",
-           rate=click.option("--rate", default=20.0, type=click.FloatRange(0.01), help="errors/s"))
-_gpu_fault("pcie", "PCIe replays that keep rising.",
-           rate=click.option("--rate", default=50.0, type=click.FloatRange(0.01), help="replays/s"))
+_gpu_fault(
+    "nvlink",
+    "NVLink CRC errors that keep rising.",
+    rate=click.option("--rate", default=20.0, type=click.FloatRange(0.01), help="errors/s"),
+)
+_gpu_fault(
+    "pcie",
+    "PCIe replays that keep rising.",
+    rate=click.option("--rate", default=50.0, type=click.FloatRange(0.01), help="replays/s"),
+)
 _gpu_fault("thermal", "Sustained thermal violation (hot, clocks throttled).")
 _gpu_fault("gpu_lost", "The GPU disappears from the exporter (fell off the bus).")
 
@@ -182,8 +201,13 @@ def _job_fault(kind: str, name: str, help_: str) -> None:
     @inject.command(name=name, help=help_)
     @click.argument("job_id", type=int)
     @click.option("--rank", default=0, show_default=True, type=click.IntRange(0))
-    @click.option("--factor", default=3.0, show_default=True, type=click.FloatRange(1.0, min_open=True),
-                  help="For slow: how many times slower.")
+    @click.option(
+        "--factor",
+        default=3.0,
+        show_default=True,
+        type=click.FloatRange(1.0, min_open=True),
+        help="For slow: how many times slower.",
+    )
     @pass_cfg
     @lab_errors
     def cmd(cfg: LabConfig, job_id: int, rank: int, factor: float) -> None:
@@ -211,14 +235,21 @@ def clear_cmd(cfg: LabConfig, node: str | None) -> None:
 
 
 @lab.command()
+@click.option("--nodes", "-N", default=4, show_default=True, type=click.IntRange(2, 6))
+@pass_cfg
+@lab_errors
+def demo(cfg: LabConfig, nodes: int) -> None:
+    """Bring the lab up, run a training job, inject a GPU fault and follow it to an alert."""
+    from lab import demo as demo_mod
+
+    demo_mod.run(cfg, console, nodes=nodes)
+
+
+@lab.command()
 @click.argument("promql")
 @pass_cfg
 @lab_errors
 def query(cfg: LabConfig, promql: str) -> None:
     """Ask the lab's Prometheus (instant query) and print the result as JSON lines."""
-    r = requests.get(f"{cfg.prometheus_url}/api/v1/query", params={"query": promql}, timeout=5)
-    body = r.json()
-    if body.get("status") != "success":
-        raise click.ClickException(f"query: {body.get('error', r.text)}")
-    for sample in body["data"]["result"]:
-        click.echo(json.dumps({"labels": sample["metric"], "value": sample["value"][1]}))
+    for sample in api.query(cfg, promql):
+        click.echo(json.dumps(sample))

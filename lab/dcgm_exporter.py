@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from lab.config import LabConfig
-from lab.serve import serve_forever
 from lab.faults import GpuFault, load_gpu_faults
+from lab.serve import serve_forever
 from lab.slurm_view import SlurmView
 
 MODEL = "NVIDIA H200"
@@ -28,6 +24,10 @@ XID_WINDOW_S = 300.0
 # Clock event reason bits (nvml): GPU idle, SW thermal slowdown, HW thermal slowdown.
 REASON_IDLE, REASON_SW_THERMAL, REASON_HW_THERMAL = 0x1, 0x20, 0x40
 
+XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
+XID_COUNT_HELP = (
+    "Count of XID Errors within user-specified time window (see xid-count-window-size param)."
+)
 GAUGES = {
     "DCGM_FI_DEV_SM_CLOCK": "SM clock frequency (in MHz).",
     "DCGM_FI_DEV_MEM_CLOCK": "Memory clock frequency (in MHz).",
@@ -46,7 +46,7 @@ COUNTERS = {
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "Total number of double-bit volatile ECC errors.",
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "Number of remapped rows for uncorrectable errors",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "Number of remapped rows for correctable errors",
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "Total number of NVLink flow-control CRC errors.",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "Total number of NVLink flow-control CRC errors.",  # noqa: E501
     "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": "Total number of NVLink data CRC errors.",
     "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "Total number of NVLink retries.",
     "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "Total number of NVLink recovery errors.",
@@ -106,7 +106,22 @@ def xid_counts(faults: list[GpuFault], now: float) -> dict[int, int]:
     return counts
 
 
-class NodeCollector(Collector):
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(pairs: list[tuple[str, str]]) -> str:
+    return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
+
+
+class NodeExporter:
+    """Renders one node's /metrics the way dcgm-exporter does.
+
+    Written out by hand rather than with prometheus-client, which renames counters to end in
+    `_total` (DCGM_FI_DEV_PCIE_REPLAY_COUNTER would become ..._COUNTER_total): the point of a
+    fake exporter is to be byte-for-byte the names the real one serves.
+    """
+
     def __init__(self, cfg: LabConfig, node: str, view: SlurmView) -> None:
         self.cfg, self.node, self.view = cfg, node, view
         # Stable per-GPU identities, as the real exporter would report them.
@@ -115,43 +130,47 @@ class NodeCollector(Collector):
             for g in range(cfg.gpus_per_node)
         ]
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def gpu_labels(self, gpu: int, job: int | None) -> list[tuple[str, str]]:
+        labels = [
+            ("gpu", str(gpu)),
+            ("UUID", self.uuids[gpu]),
+            ("pci_bus_id", f"00000000:{0x18 + gpu * 0x10:02X}:00.0"),
+            ("device", f"nvidia{gpu}"),
+            ("modelName", MODEL),
+            (self.cfg.dcgm_host_label, self.node),
+            ("DCGM_FI_DRIVER_VERSION", DRIVER),
+        ]
+        return [*labels, ("hpc_job", str(job))] if job is not None else labels
+
+    def render(self) -> str:
         now = time.time()
         faults = [f for f in load_gpu_faults(self.cfg.faults_file).faults if f.node == self.node]
         job = self.view.job_on(self.node)
-        label_names = ["gpu", "UUID", "pci_bus_id", "device", "modelName",
-                       self.cfg.dcgm_host_label, "DCGM_FI_DRIVER_VERSION"]
-        if job is not None:
-            label_names.append("hpc_job")
-        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-            **{n: GaugeMetricFamily(n, h, labels=label_names) for n, h in GAUGES.items()},
-            **{n: CounterMetricFamily(n, h, labels=label_names) for n, h in COUNTERS.items()},
-        }
-        xid_count = GaugeMetricFamily(
-            "DCGM_EXP_XID_ERRORS_COUNT",
-            "Count of XID Errors within user-specified time window (see xid-count-window-size param).",
-            labels=[*label_names, "window_size_in_ms", "xid"],
-        )
+        samples: dict[str, list[str]] = {name: [] for name in (*GAUGES, *COUNTERS, XID_COUNT)}
         for gpu in range(self.cfg.gpus_per_node):
             mine = sorted((f for f in faults if f.gpu == gpu), key=lambda f: f.at)
             if any(f.kind == "gpu_lost" for f in mine):
                 continue  # fell off the bus: DCGM cannot read it any more
-            labels = [str(gpu), self.uuids[gpu], f"00000000:{0x18 + gpu * 0x10:02X}:00.0",
-                      f"nvidia{gpu}", MODEL, self.node, DRIVER]
-            if job is not None:
-                labels.append(str(job))
+            labels = self.gpu_labels(gpu, job)
             for name, value in gpu_values(job is not None, mine, now).items():
-                families[name].add_metric(labels, value)
+                samples[name].append(f"{name}{{{_labels(labels)}}} {value:g}")
             for code, n in sorted(xid_counts(mine, now).items()):
-                xid_count.add_metric([*labels, str(int(XID_WINDOW_S * 1000)), str(code)], n)
-        yield from families.values()
-        yield xid_count
+                extra = [("window_size_in_ms", str(int(XID_WINDOW_S * 1000))), ("xid", str(code))]
+                samples[XID_COUNT].append(f"{XID_COUNT}{{{_labels([*labels, *extra])}}} {n}")
+        lines = []
+        for name, rows in samples.items():
+            if not rows:
+                continue
+            kind = "counter" if name in COUNTERS else "gauge"
+            help_ = {**GAUGES, **COUNTERS}.get(name, XID_COUNT_HELP)
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *rows]
+        return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     cfg = LabConfig.from_env()
     view = SlurmView(cfg)
-    serve_forever({cfg.dcgm_port(node): NodeCollector(cfg, node, view) for node in cfg.nodes})
+    serve_forever({cfg.dcgm_port(n): NodeExporter(cfg, n, view).render for n in cfg.nodes})
 
 
 if __name__ == "__main__":

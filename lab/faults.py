@@ -17,7 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-GpuFaultKind = Literal["xid", "ecc_dbe", "row_remap_failure", "nvlink", "thermal", "pcie", "gpu_lost"]
+GpuFaultKind = Literal[
+    "xid", "ecc_dbe", "row_remap_failure", "nvlink", "thermal", "pcie", "gpu_lost"
+]
 JobFaultKind = Literal["hang", "crash_cuda", "crash_ecc", "crash_nccl", "slow"]
 
 XID_MIN, XID_MAX = 1, 200

@@ -7,6 +7,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import time
 from dataclasses import dataclass
 
@@ -25,7 +26,14 @@ from lab.faults import (
 from lab.slurm import LabError
 from lab.slurm_view import job_nodes
 
-MONITORING = ("slurm-exporter", "dcgm-exporter", "mtail", "pushgateway", "alertmanager", "prometheus")
+MONITORING = (
+    "slurm-exporter",
+    "dcgm-exporter",
+    "mtail",
+    "pushgateway",
+    "alertmanager",
+    "prometheus",
+)
 
 
 @dataclass
@@ -38,10 +46,46 @@ def daemons(cfg: LabConfig) -> list[str]:
     return ["munged", "slurmctld", *(f"slurmd-{n}" for n in cfg.nodes), *reversed(MONITORING)]
 
 
+def daemon_ports(cfg: LabConfig) -> dict[str, list[int]]:
+    return {
+        "slurmctld": [cfg.slurmctld_port],
+        **{f"slurmd-{n}": [cfg.slurmd_port(n)] for n in cfg.nodes},
+        "prometheus": [cfg.prometheus_port],
+        "alertmanager": [cfg.alertmanager_port],
+        "pushgateway": [cfg.pushgateway_port],
+        "mtail": [cfg.mtail_port],
+        "dcgm-exporter": [cfg.dcgm_port(n) for n in cfg.nodes],
+        "slurm-exporter": [cfg.slurm_exporter_port],
+    }
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def check_ports(cfg: LabConfig) -> None:
+    """Fail fast, naming the port, when a daemon to start would find its port taken."""
+    for name, ports in daemon_ports(cfg).items():
+        if processes.read_pid(cfg, name) is not None:
+            continue
+        taken = [p for p in ports if port_in_use(p)]
+        if taken:
+            raise LabError(
+                f"port {taken[0]} for {name} is in use (another lab? set SLURMEDIC_LAB_PORT_BASE)"
+            )
+
+
 def up(cfg: LabConfig) -> float:
     """Bring the whole lab up (harmless when it is up); return the seconds it took."""
     t0 = time.monotonic()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    check_ports(cfg)
     slurm.start_cluster(cfg)
     monitoring.start(cfg)
     slurm.wait_nodes_ready(cfg)
@@ -52,10 +96,9 @@ def up(cfg: LabConfig) -> float:
 
 def down(cfg: LabConfig, *, purge: bool = False) -> list[int]:
     """Stop everything; return the PIDs that had to be killed as strays (should be none)."""
-    try:
+    # slurmctld may already be gone; the sweep below still finds job tasks.
+    with contextlib.suppress(LabError, OSError):
         slurm.cancel_all_jobs(cfg)
-    except (LabError, OSError):
-        pass  # slurmctld may already be gone; the sweep below still finds job tasks
     for name in MONITORING:
         processes.stop(cfg, name)
     for node in cfg.nodes:
@@ -99,15 +142,28 @@ def submit_training(
     comment: str = "",
     exclude: str = "",
 ) -> int:
-    trainer = [cfg.python, "-m", "lab.trainer", f"--step-time={step_time}",
-               f"--ckpt-every={ckpt_every}", f"--nccl-timeout={nccl_timeout}"]
+    trainer = [
+        cfg.python,
+        "-m",
+        "lab.trainer",
+        f"--step-time={step_time}",
+        f"--ckpt-every={ckpt_every}",
+        f"--nccl-timeout={nccl_timeout}",
+    ]
     if steps is not None:
         trainer.append(f"--steps={steps}")
     argv = [
-        "sbatch", "--parsable", f"--job-name={name}", f"--partition={partition}",
-        f"--nodes={nodes}", "--ntasks-per-node=1", "--exclusive", "--gres=gpu:8",
+        "sbatch",
+        "--parsable",
+        f"--job-name={name}",
+        f"--partition={partition}",
+        f"--nodes={nodes}",
+        "--ntasks-per-node=1",
+        "--exclusive",
+        "--gres=gpu:8",
         "--requeue" if requeue else "--no-requeue",
-        f"--output={cfg.jobs}/slurm-%j.out", f"--chdir={REPO_ROOT}",
+        f"--output={cfg.jobs}/slurm-%j.out",
+        f"--chdir={REPO_ROOT}",
         f"--wrap=srun {shlex.join(trainer)}",
     ]
     if comment:
@@ -144,8 +200,14 @@ def running_job(cfg: LabConfig, job_id: int) -> tuple[list[str], int]:
 
 
 def inject_gpu(
-    cfg: LabConfig, kind: GpuFaultKind, node: str, gpu: int, *,
-    xid: int | None = None, count: int = 1, rate: float = 1.0,
+    cfg: LabConfig,
+    kind: GpuFaultKind,
+    node: str,
+    gpu: int,
+    *,
+    xid: int | None = None,
+    count: int = 1,
+    rate: float = 1.0,
 ) -> GpuFault:
     if node not in cfg.nodes:
         raise LabError(f"node: {node!r} is not a lab node ({cfg.nodes_expr})")

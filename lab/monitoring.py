@@ -7,6 +7,7 @@ always runs what operators would deploy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import requests
@@ -37,7 +38,9 @@ def prometheus_config(cfg: LabConfig) -> dict[str, Any]:
         },
         "rule_files": [str(RULES_DIR / "*.rules.yml")],
         "alerting": {
-            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{cfg.alertmanager_port}"]}]}]
+            "alertmanagers": [
+                {"static_configs": [{"targets": [f"127.0.0.1:{cfg.alertmanager_port}"]}]}
+            ]
         },
         "scrape_configs": [
             job("prometheus", [cfg.prometheus_port]),
@@ -84,6 +87,7 @@ def _write_yaml(path: Any, data: dict[str, Any]) -> None:
 
 
 def write_config(cfg: LabConfig) -> None:
+    (cfg.run_dir / "pushgateway").mkdir(parents=True, exist_ok=True)
     _write_yaml(cfg.etc / "prometheus.yml", prometheus_config(cfg))
     _write_yaml(cfg.etc / "alertmanager.yml", alertmanager_config(cfg))
     cfg.joblogs.mkdir(parents=True, exist_ok=True)
@@ -123,6 +127,9 @@ def start(cfg: LabConfig) -> None:
         [
             "prometheus-pushgateway",
             f"--web.listen-address=127.0.0.1:{cfg.pushgateway_port}",
+            # Debian's default persists to /var/lib/prometheus: one lab's pushes would leak
+            # into the next lab. Keep them in the run directory.
+            f"--persistence.file={rd / 'pushgateway' / 'metrics.data'}",
         ],
     )
     processes.start(
@@ -141,7 +148,7 @@ def start(cfg: LabConfig) -> None:
     processes.start(cfg, "slurm-exporter", [py, "-m", "lab.slurm_exporter"])
 
 
-READINESS = {
+READINESS: dict[str, Callable[[LabConfig], str]] = {
     "prometheus": lambda cfg: f"{cfg.prometheus_url}/-/ready",
     "alertmanager": lambda cfg: f"{cfg.alertmanager_url}/-/ready",
     "pushgateway": lambda cfg: f"{cfg.pushgateway_url}/-/ready",

@@ -170,9 +170,7 @@ def start_slurmctld(cfg: LabConfig) -> None:
 
 
 def start_slurmd(cfg: LabConfig, node: str) -> None:
-    processes.start(
-        cfg, f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(cfg.slurm_conf)]
-    )
+    processes.start(cfg, f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(cfg.slurm_conf)])
 
 
 def start_cluster(cfg: LabConfig) -> None:

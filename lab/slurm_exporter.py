@@ -12,17 +12,42 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import generate_latest
+from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from lab.config import LabConfig
 from lab.serve import serve_forever
 from lab.slurm_view import SlurmView
 
-NODE_STATES = ("alloc", "comp", "down", "drain", "err", "fail", "idle", "inval", "maint",
-               "mix", "resv", "other", "planned")
-JOB_STATES = ("pending", "running", "suspended", "completing", "completed", "configuring",
-              "failed", "timeout", "preempted", "node_fail", "cancelled")
+NODE_STATES = (
+    "alloc",
+    "comp",
+    "down",
+    "drain",
+    "err",
+    "fail",
+    "idle",
+    "inval",
+    "maint",
+    "mix",
+    "resv",
+    "other",
+    "planned",
+)
+JOB_STATES = (
+    "pending",
+    "running",
+    "suspended",
+    "completing",
+    "completed",
+    "configuring",
+    "failed",
+    "timeout",
+    "preempted",
+    "node_fail",
+    "cancelled",
+)
 
 
 def state_long(node: dict[str, Any]) -> str:
@@ -30,7 +55,13 @@ def state_long(node: dict[str, Any]) -> str:
     base = str(node.get("state", "unknown")).lower()
     flags = set(node.get("state_flags") or [])
     if "DRAIN" in flags:
-        base = "draining" if base in ("allocated", "mixed") else "down" if base == "down" else "drained"
+        base = (
+            "draining"
+            if base in ("allocated", "mixed")
+            else "down"
+            if base == "down"
+            else "drained"
+        )
     elif "COMPLETING" in flags:
         base = "completing"
     elif "MAINTENANCE" in flags:
@@ -42,9 +73,18 @@ def state_bucket(node: dict[str, Any]) -> str:
     """The slurm_nodes_<state> counter a node counts in (drain wins, as in the exporter)."""
     long = state_long(node).rstrip("*")
     return {
-        "allocated": "alloc", "mixed": "mix", "idle": "idle", "down": "down",
-        "drained": "drain", "draining": "drain", "completing": "comp", "maint": "maint",
-        "planned": "planned", "inval": "inval", "reserved": "resv", "fail": "fail",
+        "allocated": "alloc",
+        "mixed": "mix",
+        "idle": "idle",
+        "down": "down",
+        "drained": "drain",
+        "draining": "drain",
+        "completing": "comp",
+        "maint": "maint",
+        "planned": "planned",
+        "inval": "inval",
+        "reserved": "resv",
+        "fail": "fail",
         "error": "err",
     }.get(long, "other")
 
@@ -68,12 +108,26 @@ class SlurmCollector(Collector):
         labels = ["node", "status", "partition"]
         status = GaugeMetricFamily("slurm_node_status", "Node Status with partition", labels=labels)
         gres_l = [*labels, "gres_type"]
-        g_total = GaugeMetricFamily("slurm_node_gres_total", "Generic resources configured on the node", labels=gres_l)
-        g_used = GaugeMetricFamily("slurm_node_gres_used", "Generic resources allocated on the node", labels=gres_l)
-        reason = GaugeMetricFamily("slurm_node_drain_reason_info", "Always 1; the reason label carries the text", labels=["node", "reason"])
-        since = GaugeMetricFamily("slurm_node_drain_since_timestamp_seconds", "Unix time at which the reason was set", labels=["node"])
+        g_total = GaugeMetricFamily(
+            "slurm_node_gres_total", "Generic resources configured on the node", labels=gres_l
+        )
+        g_used = GaugeMetricFamily(
+            "slurm_node_gres_used", "Generic resources allocated on the node", labels=gres_l
+        )
+        reason = GaugeMetricFamily(
+            "slurm_node_drain_reason_info",
+            "Always 1; the reason label carries the text",
+            labels=["node", "reason"],
+        )
+        since = GaugeMetricFamily(
+            "slurm_node_drain_since_timestamp_seconds",
+            "Unix time at which the reason was set",
+            labels=["node"],
+        )
         per_state = {
-            s: GaugeMetricFamily(f"slurm_nodes_{s}", f"{s} nodes", labels=["partition", "active_feature_set"])
+            s: GaugeMetricFamily(
+                f"slurm_nodes_{s}", f"{s} nodes", labels=["partition", "active_feature_set"]
+            )
             for s in NODE_STATES
         }
         counts: Counter[tuple[str, str]] = Counter()
@@ -104,14 +158,18 @@ class SlurmCollector(Collector):
             g = GaugeMetricFamily(f"slurm_jobs_{s}", f"Total {s} jobs")
             g.add_metric([], by_state[s])
             yield g
-        up = GaugeMetricFamily("slurm_exporter_collector_success", "1=OK, 0=FAIL per collector", labels=["collector"])
+        up = GaugeMetricFamily(
+            "slurm_exporter_collector_success", "1=OK, 0=FAIL per collector", labels=["collector"]
+        )
         up.add_metric(["slurmctld"], 1 if self.view.ok else 0)
         yield up
 
 
 def main() -> None:
     cfg = LabConfig.from_env()
-    serve_forever({cfg.slurm_exporter_port: SlurmCollector(SlurmView(cfg))})
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SlurmCollector(SlurmView(cfg)))
+    serve_forever({cfg.slurm_exporter_port: lambda: generate_latest(registry).decode()})
 
 
 if __name__ == "__main__":

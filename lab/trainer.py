@@ -76,7 +76,9 @@ class Rank:
     def all_reduce(self, step: int) -> None:
         """Wait until every rank finished `step`; time out the way ProcessGroupNCCL does."""
         (self.progress_dir / f".rank{self.rank}.tmp").write_text(str(step))
-        (self.progress_dir / f".rank{self.rank}.tmp").replace(self.progress_dir / f"rank{self.rank}")
+        (self.progress_dir / f".rank{self.rank}.tmp").replace(
+            self.progress_dir / f"rank{self.rank}"
+        )
         start = time.monotonic()
         timeout = self.args.nccl_timeout
         while any(self.peer_step(r) < step for r in range(self.world)):
@@ -90,12 +92,13 @@ class Rank:
         self.log(
             f"[{glog_stamp()} ProcessGroupNCCL.cpp:629] [Rank {r}] Watchdog caught collective "
             f"operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=131072000, "
-            f"NumelOut=131072000, Timeout(ms)={t_ms}) ran for {ran_ms} milliseconds before timing out."
+            f"NumelOut=131072000, Timeout(ms)={t_ms}) ran for {ran_ms} milliseconds "
+            "before timing out."
         )
         self.log(
-            f"[{glog_stamp()} ProcessGroupNCCL.cpp:1664] [Rank {r}] Some NCCL operations have failed "
-            "or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations "
-            "might run on corrupted/incomplete data."
+            f"[{glog_stamp()} ProcessGroupNCCL.cpp:1664] [Rank {r}] Some NCCL operations have "
+            "failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU "
+            "operations might run on corrupted/incomplete data."
         )
         self.log(
             f"[{glog_stamp()} ProcessGroupNCCL.cpp:1670] [Rank {r}] To avoid data inconsistency, "
@@ -118,16 +121,20 @@ class Rank:
         self.log('   File "/opt/train/pretrain.py", line 214, in <module>')
         self.log("     loss.backward()")
         self.log(f" RuntimeError: {message}")
-        self.log(" CUDA kernel errors might be asynchronously reported at some other API call, "
-                 "so the stacktrace below might be incorrect.")
+        self.log(
+            " CUDA kernel errors might be asynchronously reported at some other API call, "
+            "so the stacktrace below might be incorrect."
+        )
         self.log(" For debugging consider passing CUDA_LAUNCH_BLOCKING=1")
         sys.exit(1)
 
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> int:
         step = self.resume_step()
-        self.log(f" job {self.job} attempt {self.attempt} on {self.node}: world size {self.world}, "
-                 f"{'resuming from checkpoint at step ' + str(step) if step else 'starting at step 0'}")
+        self.log(
+            f" job {self.job} attempt {self.attempt} on {self.node}: world size {self.world}, "
+            f"{'resuming from checkpoint at step ' + str(step) if step else 'starting at step 0'}"
+        )
         self.reporter.checkpoint(step)
         self.reporter.step(step, 0.0)
         while step < self.args.steps:
@@ -156,7 +163,8 @@ class Rank:
 def redirect_output(cfg: LabConfig) -> None:
     """Send this rank's stdout/stderr to its job-log file (append: requeues continue it)."""
     env = os.environ
-    name = f"slurm-{env['SLURM_JOB_ID']}-{env.get('SLURMD_NODENAME', 'unknown')}-{env.get('SLURM_PROCID', '0')}.out"
+    node, rank = env.get("SLURMD_NODENAME", "unknown"), env.get("SLURM_PROCID", "0")
+    name = f"slurm-{env['SLURM_JOB_ID']}-{node}-{rank}.out"
     cfg.joblogs.mkdir(parents=True, exist_ok=True)
     fd = os.open(cfg.joblogs / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)

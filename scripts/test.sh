@@ -8,6 +8,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== ruff"
 ruff check .
+ruff format --check .
 echo "== mypy"
 mypy
 echo "== promtool"

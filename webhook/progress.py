@@ -39,11 +39,30 @@ class ProgressReporter:
         labels = ["node"]
         r = self.registry
         self._step = Gauge("training_step", "Last completed training step.", labels, registry=r)
-        self._step_s = Gauge("training_step_seconds", "Duration of the last step on this rank.", labels, registry=r)
-        self._step_ts = Gauge("training_last_step_timestamp_seconds", "When the last step completed.", labels, registry=r)
-        self._ckpt = Gauge("training_last_checkpoint_step", "Step of the last complete checkpoint.", labels, registry=r)
-        self._ckpt_ts = Gauge("training_last_checkpoint_timestamp_seconds", "When the last checkpoint was written.", labels, registry=r)
-        self._attempt = Gauge("training_attempt", "Slurm restart count of this job attempt.", labels, registry=r)
+        self._step_s = Gauge(
+            "training_step_seconds", "Duration of the last step on this rank.", labels, registry=r
+        )
+        self._step_ts = Gauge(
+            "training_last_step_timestamp_seconds",
+            "When the last step completed.",
+            labels,
+            registry=r,
+        )
+        self._ckpt = Gauge(
+            "training_last_checkpoint_step",
+            "Step of the last complete checkpoint.",
+            labels,
+            registry=r,
+        )
+        self._ckpt_ts = Gauge(
+            "training_last_checkpoint_timestamp_seconds",
+            "When the last checkpoint was written.",
+            labels,
+            registry=r,
+        )
+        self._attempt = Gauge(
+            "training_attempt", "Slurm restart count of this job attempt.", labels, registry=r
+        )
         self._attempt.labels(self.node).set(self.attempt)
 
     @classmethod

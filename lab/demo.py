@@ -1,0 +1,69 @@
+"""The README's main command: the lab, a training job, a GPU fault, the alert it becomes."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+
+from lab import api, manage
+from lab.config import LabConfig
+from lab.processes import wait_until
+from lab.slurm import LabError
+
+DEMO_XID = 79  # "GPU has fallen off the bus": NVIDIA's catalog says RESTART_BM
+
+
+def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60.0) -> None:
+    console.rule("1. the lab")
+    seconds = manage.up(cfg)
+    console.print(f"8-node Slurm cluster and monitoring stack ready in {seconds:.1f}s")
+
+    console.rule("2. a training job")
+    job = manage.submit_training(cfg, nodes=nodes, name="demo-pretrain")
+    if not wait_until(
+        lambda: len(api.query(cfg, f'training_step{{slurm_job_id="{job}"}} > 0')) == nodes,
+        timeout,
+        0.5,
+    ):
+        raise LabError(f"job {job} did not report progress to Prometheus within {timeout:.0f}s")
+    job_nodes, _ = manage.running_job(cfg, job)
+    console.print(f"job {job} runs on {', '.join(job_nodes)}; its progress is in Prometheus:")
+    for s in api.query(cfg, f'training_step{{slurm_job_id="{job}"}}'):
+        console.print(
+            f"  rank {s['labels']['rank']} on {s['labels']['node']}: step {s['value']:.0f}"
+        )
+
+    console.rule("3. a GPU falls off the bus")
+    victim = job_nodes[1]
+    t0 = time.monotonic()
+    manage.inject_gpu(cfg, "xid", victim, 3, xid=DEMO_XID)
+    console.print(f"injected XID {DEMO_XID} on {victim} GPU 3 (fake dcgm-exporter)")
+
+    console.rule("4. the alert")
+    found: list[dict] = []  # type: ignore[type-arg]
+
+    def arrived() -> bool:
+        found[:] = api.alerts(cfg, alertname="GpuXidNodeFault", node=victim)
+        return bool(found)
+
+    if not wait_until(arrived, timeout, 0.2):
+        raise LabError(
+            f"no GpuXidNodeFault alert for {victim} in Alertmanager after {timeout:.0f}s"
+        )
+    alert = found[0]
+    labels = alert["labels"]
+    console.print(
+        f"Alertmanager holds [bold]{labels['alertname']}[/bold] "
+        f"{time.monotonic() - t0:.1f}s after the fault:"
+    )
+    for key in ("node", "gpu", "xid", "slurm_job_id", "signal", "severity"):
+        console.print(f"  {key:13} {labels.get(key, '-')}")
+    console.print(f"  summary       {alert['annotations'].get('summary', '')}")
+
+    console.rule("the lab keeps running")
+    console.print(
+        f"Prometheus   {cfg.prometheus_url}\nAlertmanager {cfg.alertmanager_url}\n"
+        "Undo the fault: .venv/bin/slurmedic lab clear\n"
+        "Stop the lab:   .venv/bin/slurmedic lab down"
+    )
