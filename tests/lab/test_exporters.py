@@ -40,6 +40,12 @@ def test_an_injected_xid_reaches_prometheus_and_alertmanager(
 ) -> None:
     job = submit(nodes=2)
     node = running_nodes(lab_cfg, job)[1]
+    # The exporter maps GPUs to the job once it sees it running (as the HPC job mapping does
+    # once the job's prolog has run); the fault comes after that.
+    eventually(
+        lambda: query(lab_cfg, f'DCGM_FI_DEV_GPU_UTIL{{hpc_job="{job}",Hostname="{node}"}}'),
+        what="GPU mapped to the job",
+    )
     manage.inject_gpu(lab_cfg, "xid", node, 3, xid=79)
     series = eventually(
         lambda: query(lab_cfg, "DCGM_FI_DEV_XID_ERRORS > 0"), what="XID in Prometheus"
