@@ -2,7 +2,7 @@
 
 The lab scrapes and evaluates every second (production: 15-30 s) so that a test sees a fault
 as an alert within seconds. Rules come straight from the repo's `alert_rules/`, so the lab
-always runs what operators would deploy.
+always runs what operators would deploy, with the lab profile's short durations.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import yaml
 from lab import processes
 from lab.config import REPO_ROOT, LabConfig
 from lab.slurm import LabError
+from webhook.rules.render import RuleSource
 
-RULES_DIR = REPO_ROOT / "alert_rules"
-MTAIL_DIR = RULES_DIR / "mtail"
+MTAIL_DIR = REPO_ROOT / "alert_rules" / "mtail"
 
 
 def prometheus_config(cfg: LabConfig) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def prometheus_config(cfg: LabConfig) -> dict[str, Any]:
             "evaluation_interval": cfg.scrape_interval,
             "external_labels": {"cluster": "slurmedic-lab"},
         },
-        "rule_files": [str(RULES_DIR / "*.rules.yml")],
+        "rule_files": [str(cfg.run_dir / "rules" / "*.rules.yml")],
         "alerting": {
             "alertmanagers": [
                 {"static_configs": [{"targets": [f"127.0.0.1:{cfg.alertmanager_port}"]}]}
@@ -87,6 +87,8 @@ def _write_yaml(path: Any, data: dict[str, Any]) -> None:
 
 
 def write_config(cfg: LabConfig) -> None:
+    # The repo's rules with the lab profile's timings (alert_rules/config.yml, profiles.lab).
+    RuleSource().write(cfg.run_dir / "rules", profile="lab")
     (cfg.run_dir / "pushgateway").mkdir(parents=True, exist_ok=True)
     _write_yaml(cfg.etc / "prometheus.yml", prometheus_config(cfg))
     _write_yaml(cfg.etc / "alertmanager.yml", alertmanager_config(cfg))

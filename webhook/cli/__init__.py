@@ -15,8 +15,10 @@ def main() -> None:
 
 def _register() -> None:
     from lab.cli import lab
+    from webhook.cli.rules import rules
 
     main.add_command(lab)
+    main.add_command(rules)
 
 
 _register()

@@ -1,0 +1,1 @@
+"""slurmedic's Prometheus alert rules: rendered from templates and one config file."""
