@@ -162,6 +162,11 @@ class LabConfig:
         return self.run_dir / "dcgm" / "faults.json"
 
     @property
+    def webhook_token_file(self) -> Path:
+        """The bearer token Alertmanager sends to the webhook (and slurmedic expects)."""
+        return self.etc / "webhook.token"
+
+    @property
     def hostname(self) -> str:
         return socket.gethostname()
 

@@ -7,6 +7,7 @@ always runs what operators would deploy, with the lab profile's short durations.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from lab.slurm import LabError
 from webhook.rules.render import RuleSource
 
 MTAIL_DIR = REPO_ROOT / "alert_rules" / "mtail"
+ALERTMANAGER_EXAMPLE = REPO_ROOT / "alert_rules" / "alertmanager.yml"
 
 
 def prometheus_config(cfg: LabConfig) -> dict[str, Any]:
@@ -54,31 +56,32 @@ def prometheus_config(cfg: LabConfig) -> dict[str, Any]:
 
 
 def alertmanager_config(cfg: LabConfig) -> dict[str, Any]:
-    """Route every alert that carries a `signal` to the lab's receiver port, quickly.
+    """The repo's example config (alert_rules/alertmanager.yml), pointed at the lab.
 
-    `alert_rules/alertmanager.yml` is the production example; the lab uses lab timings.
+    Same routes, grouping and inhibition as operators deploy; the receivers become loopback
+    URLs on the lab's receiver port (slurmedic's webhook, or a test's receiver) and the timings
+    shrink to the lab's one-second pace.
     """
-    return {
-        "route": {
-            "receiver": "slurmedic",
-            "group_by": ["slurm_job_id", "node"],
-            "group_wait": "0s",
-            "group_interval": "1s",
-            "repeat_interval": "1h",
-        },
-        "receivers": [
-            {
-                "name": "slurmedic",
-                "webhook_configs": [
-                    {
-                        "url": f"http://127.0.0.1:{cfg.receiver_port}/api/v1/alerts",
-                        "send_resolved": True,
-                        "max_alerts": 0,
-                    }
-                ],
-            }
-        ],
-    }
+    config: dict[str, Any] = yaml.safe_load(ALERTMANAGER_EXAMPLE.read_text())
+    base = f"http://127.0.0.1:{cfg.receiver_port}"
+    urls = {"slurmedic": f"{base}/api/v1/alerts", "oncall": f"{base}/oncall"}
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = urls[receiver["name"]]
+            if "http_config" in hook:
+                hook["http_config"]["authorization"]["credentials_file"] = str(
+                    cfg.webhook_token_file
+                )
+
+    def quicken(route: dict[str, Any]) -> None:
+        for key, value in (("group_wait", "0s"), ("group_interval", "1s")):
+            if key in route:
+                route[key] = value
+        for child in route.get("routes", []):
+            quicken(child)
+
+    quicken(config["route"])
+    return config
 
 
 def _write_yaml(path: Any, data: dict[str, Any]) -> None:
@@ -91,6 +94,10 @@ def write_config(cfg: LabConfig) -> None:
     RuleSource().write(cfg.run_dir / "rules", profile="lab")
     (cfg.run_dir / "pushgateway").mkdir(parents=True, exist_ok=True)
     _write_yaml(cfg.etc / "prometheus.yml", prometheus_config(cfg))
+    if not cfg.webhook_token_file.exists():
+        cfg.webhook_token_file.parent.mkdir(parents=True, exist_ok=True)
+        cfg.webhook_token_file.write_text(secrets.token_urlsafe(32) + "\n")
+        cfg.webhook_token_file.chmod(0o600)
     _write_yaml(cfg.etc / "alertmanager.yml", alertmanager_config(cfg))
     cfg.joblogs.mkdir(parents=True, exist_ok=True)
     cfg.jobs.mkdir(parents=True, exist_ok=True)

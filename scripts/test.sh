@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite: lint, types, rule checks, unit tests and lab tests
-# (the lab tests bring up their own lab on other ports and leave nothing running).
+# Set up, then run the whole test suite: lint, types, rule and config checks, unit tests and
+# lab tests (the lab tests bring up labs of their own on other ports and leave nothing running).
+# Arguments go to pytest, e.g. `./scripts/test.sh -m "not lab"` for the unit tests alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -11,10 +12,10 @@ ruff check .
 ruff format --check .
 echo "== mypy"
 mypy
-echo "== promtool"
+echo "== alert rules"
+slurmedic rules check
 promtool check rules alert_rules/*.rules.yml
-shopt -s nullglob
-rule_tests=(alert_rules/tests/*.test.yml)
-[ ${#rule_tests[@]} -eq 0 ] || promtool test rules "${rule_tests[@]}"
+promtool test rules alert_rules/tests/*.test.yml
+amtool check-config alert_rules/alertmanager.yml
 echo "== pytest"
 pytest "$@"

@@ -2,9 +2,13 @@
 
 Two lines in a training script::
 
-    progress = ProgressReporter.from_env()
+    progress = ProgressReporter.from_env()     # at start: announces this attempt
     progress.step(step, step_seconds)          # after every optimizer step
     progress.checkpoint(step)                  # after a checkpoint is safely written
+
+`step_seconds` is this rank's own compute time for the step (forward, backward, optimizer),
+without the time spent waiting in collectives for other ranks: in synchronous training every
+rank's wall-clock step time is the same, and only the compute time shows which one is slow.
 
 Environment: `SLURMEDIC_PUSHGATEWAY` (URL; unset disables reporting), and Slurm's own
 `SLURM_JOB_ID`, `SLURM_PROCID` (the rank), `SLURMD_NODENAME`, `SLURM_RESTART_COUNT`. The grouping
@@ -40,7 +44,10 @@ class ProgressReporter:
         r = self.registry
         self._step = Gauge("training_step", "Last completed training step.", labels, registry=r)
         self._step_s = Gauge(
-            "training_step_seconds", "Duration of the last step on this rank.", labels, registry=r
+            "training_step_seconds",
+            "This rank's compute time of the last step.",
+            labels,
+            registry=r,
         )
         self._step_ts = Gauge(
             "training_last_step_timestamp_seconds",
@@ -64,17 +71,34 @@ class ProgressReporter:
             "training_attempt", "Slurm restart count of this job attempt.", labels, registry=r
         )
         self._attempt.labels(self.node).set(self.attempt)
+        self._started = Gauge(
+            "training_attempt_start_timestamp_seconds",
+            "When this attempt started.",
+            labels,
+            registry=r,
+        )
 
     @classmethod
     def from_env(cls) -> ProgressReporter:
+        """A reporter for this rank, from Slurm's environment; pushes the attempt's start.
+
+        The start replaces what the previous attempt pushed last, so a hang is measured from
+        this attempt's start until its first step (while it loads its checkpoint).
+        """
         env = os.environ
-        return cls(
+        reporter = cls(
             gateway=env.get("SLURMEDIC_PUSHGATEWAY") or None,
             job_id=env.get("SLURM_JOB_ID", "0"),
             rank=int(env.get("SLURM_PROCID", "0")),
             node=env.get("SLURMD_NODENAME", os.uname().nodename),
             attempt=int(env.get("SLURM_RESTART_COUNT", "0")),
         )
+        reporter.start()
+        return reporter
+
+    def start(self) -> None:
+        self._started.labels(self.node).set(time.time())
+        self._push()
 
     def step(self, step: int, seconds: float) -> None:
         self._step.labels(self.node).set(step)

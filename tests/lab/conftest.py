@@ -5,8 +5,11 @@ It is brought up once for all lab tests and torn down at the end, leaving nothin
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -112,3 +115,52 @@ def running_nodes(cfg: LabConfig, job: int) -> list[str]:
 
 def joblog(cfg: LabConfig, job: int, node: str, rank: int) -> Path:
     return cfg.joblogs / f"slurm-{job}-{node}-{rank}.out"
+
+
+class Receiver:
+    """An HTTP endpoint standing in for slurmedic's webhook: records what Alertmanager sends."""
+
+    def __init__(self, port: int) -> None:
+        self.notifications: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with receiver.lock:
+                    receiver.notifications.append({
+                        "path": self.path, "authorization": self.headers.get("Authorization"),
+                        "at": time.time(), "payload": body,
+                    })  # fmt: skip
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self, alertname: str, *, since: float = 0.0, path: str = "/api/v1/alerts",
+               **labels: str) -> list[dict[str, Any]]:  # fmt: skip
+        """Firing alerts named `alertname` with `labels`, delivered to `path` after `since`."""
+        with self.lock:
+            found = []
+            for n in self.notifications:
+                if n["path"] != path or n["at"] < since:
+                    continue
+                for a in n["payload"]["alerts"]:
+                    lb = a["labels"]
+                    if (a["status"] == "firing" and lb.get("alertname") == alertname
+                            and all(lb.get(k) == v for k, v in labels.items())):  # fmt: skip
+                        found.append(a)
+            return found
+
+
+@pytest.fixture(scope="session")
+def receiver(lab_cfg: LabConfig) -> Iterator[Receiver]:
+    r = Receiver(lab_cfg.receiver_port)
+    yield r
+    r.server.shutdown()
+    r.server.server_close()

@@ -1,0 +1,161 @@
+"""Each fault class, injected in the lab, reaches the webhook through the real Alertmanager.
+
+Prometheus evaluates the repo's rules (lab profile: short windows) on the lab's exporters and
+mtail; Alertmanager routes with the repo's example config; a test receiver stands where
+slurmedic's webhook will. Each test checks the alert's `node`, `slurm_job_id` and `signal`.
+"""
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from lab import api, manage
+from lab.config import LabConfig
+from tests.lab.conftest import Receiver, eventually, query, running_nodes
+
+pytestmark = pytest.mark.lab
+
+
+def delivered(receiver: Receiver, alertname: str, since: float, timeout: float = 40.0,
+              **labels: str) -> dict[str, Any]:  # fmt: skip
+    found = eventually(lambda: receiver.alerts(alertname, since=since, **labels),
+                       timeout=timeout, what=f"{alertname} {labels} at the webhook")  # fmt: skip
+    return found[0]
+
+
+def running_job(
+    lab_cfg: LabConfig, submit: Callable[..., int], nodes: int = 2
+) -> tuple[int, list[str]]:
+    job = submit(nodes=nodes)
+    names = running_nodes(lab_cfg, job)
+    # GPUs are mapped to the job (dcgm hpc_job) before the fault, as a job's prolog would.
+    eventually(lambda: len(query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}')) == 1,
+               what="job visible as running")  # fmt: skip
+    return job, names
+
+
+@pytest.mark.parametrize(
+    ("inject", "alertname", "signal"),
+    [
+        ({"kind": "xid", "xid": 79}, "GpuXidNodeFault", "gpu_hw"),
+        ({"kind": "xid", "xid": 13}, "GpuXidApplicationFault", "gpu_app"),
+        ({"kind": "ecc_dbe", "count": 2}, "GpuDoubleBitEccErrors", "gpu_hw"),
+        ({"kind": "row_remap_failure"}, "GpuRowRemapFailure", "gpu_hw"),
+        ({"kind": "row_remap_failure"}, "GpuUncorrectableRemappedRows", "gpu_hw"),
+        ({"kind": "nvlink", "rate": 50}, "GpuNvlinkErrors", "gpu_hw"),
+        ({"kind": "pcie", "rate": 200}, "GpuPcieReplays", "gpu_hw"),
+        ({"kind": "thermal"}, "GpuThrottled", "straggler"),
+        ({"kind": "gpu_lost"}, "GpuMissing", "gpu_hw"),
+    ],
+)
+def test_gpu_fault_reaches_the_webhook(
+    lab_cfg: LabConfig, receiver: Receiver, submit: Callable[..., int], clean_faults: None,
+    inject: dict[str, Any], alertname: str, signal: str,
+) -> None:  # fmt: skip
+    job, nodes = running_job(lab_cfg, submit)
+    since = time.time()
+    kind = inject.pop("kind")
+    manage.inject_gpu(lab_cfg, kind, nodes[1], 5, **inject)
+    alert = delivered(receiver, alertname, since, node=nodes[1])
+    # GpuMissing names no job: its lookback also sees jobs that ended (see the rule).
+    assert alert["labels"].get("slurm_job_id") == (None if alertname == "GpuMissing" else str(job))
+    assert alert["labels"]["signal"] == signal
+    assert alert["labels"]["gpu"] == "5"
+    # Nothing about the healthy node of the same job.
+    assert not receiver.alerts(alertname, since=since, node=nodes[0])
+
+
+def test_alertmanager_sends_the_bearer_token(lab_cfg: LabConfig, receiver: Receiver,
+                                             clean_faults: None) -> None:  # fmt: skip
+    since = time.time()
+    manage.inject_gpu(lab_cfg, "xid", "gpu08", 0, xid=64)
+    delivered(receiver, "GpuXidNodeFault", since, node="gpu08", xid="64")
+    token = lab_cfg.webhook_token_file.read_text().strip()
+    sent = [n for n in receiver.notifications if n["at"] >= since and n["path"] == "/api/v1/alerts"]
+    assert sent and all(n["authorization"] == f"Bearer {token}" for n in sent)
+    # An idle node's fault has no job to name.
+    alert = receiver.alerts("GpuXidNodeFault", since=since, node="gpu08")[0]
+    assert "slurm_job_id" not in alert["labels"]
+
+
+def test_ignore_class_xid_stays_silent(lab_cfg: LabConfig, receiver: Receiver,
+                                       clean_faults: None) -> None:  # fmt: skip
+    since = time.time()
+    manage.inject_gpu(lab_cfg, "xid", "gpu07", 1, xid=43)  # IGNORE in NVIDIA's catalog
+    manage.inject_gpu(lab_cfg, "xid", "gpu07", 2, xid=79)  # a marker that rules were evaluated
+    delivered(receiver, "GpuXidNodeFault", since, node="gpu07", gpu="2")
+    xid43 = 'DCGM_FI_DEV_XID_ERRORS{Hostname="gpu07",gpu="1"} == 43'
+    assert eventually(lambda: query(lab_cfg, xid43), what="XID 43 scraped")
+    assert not query(lab_cfg, 'ALERTS{node="gpu07",gpu="1"}')
+    assert not [a for a in receiver.alerts("GpuXidNodeFault", since=since, node="gpu07")
+                if a["labels"]["gpu"] == "1"]  # fmt: skip
+
+
+def test_killed_node_is_node_down_and_silences_its_gpu_alerts(
+    lab_cfg: LabConfig, receiver: Receiver, submit: Callable[..., int], clean_faults: None
+) -> None:
+    job, nodes = running_job(lab_cfg, submit)
+    since = time.time()
+    manage.inject_gpu(lab_cfg, "xid", nodes[0], 0, xid=79)
+    delivered(receiver, "GpuXidNodeFault", since, node=nodes[0])
+    manage.kill_node(lab_cfg, nodes[0])
+    alert = delivered(receiver, "SlurmNodeDown", since, timeout=60, node=nodes[0])
+    assert alert["labels"]["signal"] == "node_down"
+
+    # The GPU alert of the dead node is now inhibited in Alertmanager.
+    def inhibited() -> bool:
+        gpu = api.alerts(lab_cfg, alertname="GpuXidNodeFault", node=nodes[0])
+        return bool(gpu) and all(a["status"]["inhibitedBy"] for a in gpu)
+
+    eventually(inhibited, what="GPU alert inhibited by SlurmNodeDown")
+    assert manage.show_job(lab_cfg, job)["JobState"] in ("PENDING", "RUNNING", "CONFIGURING")
+
+
+def test_hang_reaches_the_webhook_as_hang_and_nccl_timeouts(
+    lab_cfg: LabConfig, receiver: Receiver, submit: Callable[..., int]
+) -> None:
+    job, nodes = running_job(lab_cfg, submit, nodes=3)
+    since = time.time()
+    manage.inject_job(lab_cfg, "hang", job, 1)
+    for rank in (0, 2):
+        alert = delivered(
+            receiver, "TrainingNcclTimeout", since, slurm_job_id=str(job), rank=str(rank)
+        )
+        assert alert["labels"]["node"] == nodes[rank]
+        assert alert["labels"]["signal"] == "nccl_timeout"
+    hang = delivered(receiver, "TrainingHang", since, slurm_job_id=str(job), rank="1")
+    assert hang["labels"]["node"] == nodes[1] and hang["labels"]["signal"] == "hang"
+    # The silent rank logged nothing.
+    assert not receiver.alerts("TrainingNcclTimeout", since=since, slurm_job_id=str(job), rank="1")
+
+
+@pytest.mark.parametrize(
+    ("kind", "alertname", "signal"),
+    [("crash_cuda", "TrainingCudaError", "app_error"),
+     ("crash_ecc", "TrainingGpuHardwareError", "gpu_hw")],
+)  # fmt: skip
+def test_crashed_rank_reaches_the_webhook(
+    lab_cfg: LabConfig, receiver: Receiver, submit: Callable[..., int],
+    kind: str, alertname: str, signal: str,
+) -> None:  # fmt: skip
+    job, nodes = running_job(lab_cfg, submit)
+    since = time.time()
+    manage.inject_job(lab_cfg, kind, job, 1)  # type: ignore[arg-type]
+    alert = delivered(receiver, alertname, since, slurm_job_id=str(job), rank="1")
+    assert alert["labels"]["node"] == nodes[1]
+    assert alert["labels"]["signal"] == signal
+    tb = delivered(receiver, "TrainingPythonTraceback", since, slurm_job_id=str(job), rank="1")
+    assert tb["labels"]["signal"] == "app_error"
+
+
+def test_slow_rank_is_a_straggler(lab_cfg: LabConfig, receiver: Receiver,
+                                  submit: Callable[..., int]) -> None:  # fmt: skip
+    job, nodes = running_job(lab_cfg, submit, nodes=3)
+    since = time.time()
+    manage.inject_job(lab_cfg, "slow", job, 2, factor=4.0)
+    alert = delivered(receiver, "TrainingStraggler", since, slurm_job_id=str(job))
+    assert (alert["labels"]["node"], alert["labels"]["rank"]) == (nodes[2], "2")
+    assert alert["labels"]["signal"] == "straggler"
+    assert not receiver.alerts("TrainingStraggler", since=since, slurm_job_id=str(job), rank="0")

@@ -1,0 +1,79 @@
+"""alert_rules/mtail/training.mtail, run by the real mtail (one-shot) over real-format log lines."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+PROGS = Path(__file__).resolve().parents[2] / "alert_rules" / "mtail"
+STAMP = "[rank{r}]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629]"
+
+LINES = {
+    "nccl_timeouts": [
+        f"{STAMP} [Rank {{r}}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+        "OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) ran for "
+        "600081 milliseconds before timing out.",
+        "[rank{r}]:[E1218 20:27:21.4 ProcessGroupNCCL.cpp:632] [PG 0 (default_pg) Rank {r}] "
+        "Timeout at NCCL work: 1, last enqueued NCCL work: 1, last completed NCCL work: 0.",
+    ],
+    "cuda_errors": [
+        "[rank{r}]: RuntimeError: CUDA error: an illegal memory access was encountered"
+    ],
+    "cuda_ecc_errors": ["[rank{r}]: RuntimeError: CUDA error: uncorrectable ECC error encountered"],
+    "gpu_lost": ["[rank{r}]: pynvml.NVMLError_GPUIsLost: GPU is lost"],
+    "tracebacks": ["[rank{r}]: Traceback (most recent call last):"],
+    "oom": [
+        "[rank{r}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        "[rank{r}]: RuntimeError: CUDA error: out of memory",
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=12.0. Some of the step tasks "
+        "have been OOM Killed.",
+    ],
+    "heartbeat_missed": [
+        "[default0]:[NVRx] [Cycle 3] Did not get subsequent heartbeat. Waited 60.00 seconds.",
+    ],
+}
+HEALTHY = [
+    "[rank{r}]: step 120 loss 2.345 lr 3e-4",
+    "[rank{r}]: saved checkpoint at step 120",
+    "[rank{r}]:[I1218 20:27:21.4 ProcessGroupNCCL.cpp:900] NCCL initialized, timeout 600000 ms",
+]
+
+
+def run_mtail(
+    tmp_path: Path, files: dict[str, list[str]]
+) -> dict[tuple[str, str, str, str], float]:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name, lines in files.items():
+        (logs / name).write_text("\n".join(lines) + "\n")
+    out = subprocess.run(
+        ["mtail", f"--progs={PROGS}", f"--logs={logs}/*.out", "--one_shot",
+         "--one_shot_format=prometheus", "--logtostderr"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert "compile failed" not in out.stderr, out.stderr
+    found = {}
+    for fam in text_string_to_metric_families(out.stdout):
+        for s in fam.samples:
+            if s.name.startswith("training_log_") and s.value:
+                key = (s.name, s.labels["slurm_job_id"], s.labels["node"], s.labels["rank"])
+                found[key] = s.value
+    return found
+
+
+@pytest.mark.parametrize("kind", sorted(LINES))
+def test_each_line_counts_once_with_job_node_and_rank(tmp_path: Path, kind: str) -> None:
+    lines = [ln.format(r=3) for ln in LINES[kind]]
+    found = run_mtail(tmp_path, {"slurm-4242-gpu-a07-3.out": HEALTHY + lines})
+    assert found == {(f"training_log_{kind}_total", "4242", "gpu-a07", "3"): float(len(lines))}
+
+
+def test_healthy_logs_count_nothing(tmp_path: Path) -> None:
+    found = run_mtail(tmp_path, {"slurm-1-gpu01-0.out": [ln.format(r=0) for ln in HEALTHY]})
+    assert found == {}
+
+
+def test_files_not_named_like_job_logs_are_ignored(tmp_path: Path) -> None:
+    line = LINES["nccl_timeouts"][0].format(r=0)
+    assert run_mtail(tmp_path, {"syslog.out": [line], "slurm-x-gpu01-0.out": [line]}) == {}
