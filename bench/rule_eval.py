@@ -85,10 +85,15 @@ def training_target(job_of: dict[str, int], now: float) -> str:
         for node, job in sorted(job_of.items()):
             rank = ranks[job]
             ranks[job] += 1
-            value = {"training_step": 1000, "training_step_seconds": 1.0 + 0.01 * rank,
-                     "training_last_step_timestamp_seconds": now}[metric]  # fmt: skip
-            out.append(f'{metric}{{job="training",instance="",slurm_job_id="{job}",'
-                       f'rank="{rank}",node="{node}"}} {value}')  # fmt: skip
+            value = {
+                "training_step": 1000,
+                "training_step_seconds": 1.0 + 0.01 * rank,
+                "training_last_step_timestamp_seconds": now,
+            }[metric]
+            out.append(
+                f'{metric}{{job="training",instance="",slurm_job_id="{job}",'
+                f'rank="{rank}",node="{node}"}} {value}'
+            )
     out.append("# TYPE training_log_nccl_timeouts_total counter")
     for job in sorted(set(job_of.values()))[:8]:
         out.append(f'training_log_nccl_timeouts_total{{slurm_job_id="{job}",node="x",rank="0"}} 1')
@@ -105,7 +110,7 @@ def serve(port: int, render: object) -> ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
@@ -131,28 +136,52 @@ def main() -> None:
     pages[PORT_BASE + 1] = slurm_target(nodes, job_of)
     servers = [serve(port, lambda text=text: text) for port, text in pages.items()]
     servers.append(serve(PORT_BASE + 2, lambda: training_target(job_of, time.time())))
-    print(f"exporters ready: {len(pages) + 1} targets, "
-          f"{sum(t.count(chr(10)) for t in pages.values()):,} lines, built in {time.time() - t0:.1f}s")  # fmt: skip
+    print(
+        f"exporters ready: {len(pages) + 1} targets, "
+        f"{sum(t.count(chr(10)) for t in pages.values()):,} lines, built in {time.time() - t0:.1f}s"
+    )
 
     work = Path(tempfile.mkdtemp(prefix="slurmedic-bench-"))
     interval = f"{args.interval}s"
-    (work / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": interval, "evaluation_interval": interval,
-                   "scrape_timeout": interval},
-        "rule_files": [str(RULES_DIR / "*.rules.yml")],
-        "scrape_configs": [
-            {"job_name": "dcgm", "static_configs": [{"targets": [
-                f"127.0.0.1:{p}" for p in pages if p >= PORT_BASE + 100]}]},
-            {"job_name": "slurm", "static_configs": [{"targets": [f"127.0.0.1:{PORT_BASE + 1}"]}]},
-            {"job_name": "pushgateway", "honor_labels": True,
-             "static_configs": [{"targets": [f"127.0.0.1:{PORT_BASE + 2}"]}]},
-        ],
-    }))  # fmt: skip
+    (work / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {
+                    "scrape_interval": interval,
+                    "evaluation_interval": interval,
+                    "scrape_timeout": interval,
+                },
+                "rule_files": [str(RULES_DIR / "*.rules.yml")],
+                "scrape_configs": [
+                    {
+                        "job_name": "dcgm",
+                        "static_configs": [
+                            {"targets": [f"127.0.0.1:{p}" for p in pages if p >= PORT_BASE + 100]}
+                        ],
+                    },
+                    {
+                        "job_name": "slurm",
+                        "static_configs": [{"targets": [f"127.0.0.1:{PORT_BASE + 1}"]}],
+                    },
+                    {
+                        "job_name": "pushgateway",
+                        "honor_labels": True,
+                        "static_configs": [{"targets": [f"127.0.0.1:{PORT_BASE + 2}"]}],
+                    },
+                ],
+            }
+        )
+    )
     prom = subprocess.Popen(
-        ["prometheus", f"--config.file={work / 'prometheus.yml'}",
-         f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address=127.0.0.1:{PORT_BASE + 90}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            "prometheus",
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{PORT_BASE + 90}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{PORT_BASE + 90}"
     try:
         durations: dict[str, list[float]] = defaultdict(list)
@@ -167,15 +196,27 @@ def main() -> None:
                 if line.startswith("prometheus_rule_group_last_duration_seconds{"):
                     group = line.split('rule_group="')[1].split('"')[0].split(";")[-1]
                     durations[group].append(float(line.rsplit(" ", 1)[1]))
-        series = requests.get(f"{url}/api/v1/query", params={"query": "prometheus_tsdb_head_series"},
-                              timeout=5).json()["data"]["result"][0]["value"][1]  # fmt: skip
-        firing = requests.get(f"{url}/api/v1/query", params={"query": "count by (alertname) (ALERTS)"},
-                              timeout=5).json()["data"]["result"]  # fmt: skip
-        rss_kb = int(next(ln for ln in Path(f"/proc/{prom.pid}/status").read_text().splitlines()
-                          if ln.startswith("VmRSS")).split()[1])  # fmt: skip
-        print(f"\n{args.nodes} nodes x 8 GPUs, {len(set(job_of.values()))} jobs; "
-              f"head series {int(series):,}; Prometheus RSS {rss_kb / 1024:.0f} MiB; "
-              f"evaluation every {interval} for {args.seconds}s")  # fmt: skip
+        own = requests.get(f"{url}/metrics", timeout=5).text
+        series = next(
+            float(ln.split()[1])
+            for ln in own.splitlines()
+            if ln.startswith("prometheus_tsdb_head_series ")
+        )
+        firing = requests.get(
+            f"{url}/api/v1/query", params={"query": "count by (alertname) (ALERTS)"}, timeout=5
+        ).json()["data"]["result"]
+        rss_kb = int(
+            next(
+                ln
+                for ln in Path(f"/proc/{prom.pid}/status").read_text().splitlines()
+                if ln.startswith("VmRSS")
+            ).split()[1]
+        )
+        print(
+            f"\n{args.nodes} nodes x 8 GPUs, {len(set(job_of.values()))} jobs; "
+            f"head series {int(series):,}; Prometheus RSS {rss_kb / 1024:.0f} MiB; "
+            f"evaluation every {interval} for {args.seconds}s"
+        )
         print(f"{'rule group':28} {'median ms':>10} {'max ms':>9} {'samples':>8}")
         total = 0.0
         for group, values in sorted(durations.items()):
@@ -184,8 +225,16 @@ def main() -> None:
             total += med
             print(f"{group:28} {med * 1000:10.1f} {max(nonzero) * 1000:9.1f} {len(values):8}")
         print(f"{'all groups':28} {total * 1000:10.1f}")
-        print("alerts firing: " + ", ".join(
-            f"{r['metric']['alertname']}={r['value'][1]}" for r in firing))  # fmt: skip
+        groups = requests.get(f"{url}/api/v1/rules", timeout=5).json()["data"]["groups"]
+        rules = sorted(
+            ((r["evaluationTime"], r["name"]) for g in groups for r in g["rules"]), reverse=True
+        )
+        top = ", ".join(f"{name} {t * 1000:.0f}" for t, name in rules[:6])
+        print(f"most expensive rules (last evaluation, ms): {top}")
+        print(
+            "alerts firing: "
+            + ", ".join(f"{r['metric']['alertname']}={r['value'][1]}" for r in firing)
+        )
     finally:
         prom.terminate()
         prom.wait(10)

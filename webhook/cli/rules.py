@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from webhook.rules.render import RULES_DIR, RuleSource, RulesError
+from webhook.rules.render import RULES_DIR, RulesError, RuleSource
 
 
 @click.group()
