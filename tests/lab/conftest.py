@@ -129,10 +129,14 @@ class Receiver:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with receiver.lock:
-                    receiver.notifications.append({
-                        "path": self.path, "authorization": self.headers.get("Authorization"),
-                        "at": time.time(), "payload": body,
-                    })  # fmt: skip
+                    receiver.notifications.append(
+                        {
+                            "path": self.path,
+                            "authorization": self.headers.get("Authorization"),
+                            "at": time.time(),
+                            "payload": body,
+                        }
+                    )
                 self.send_response(200)
                 self.end_headers()
 
@@ -142,8 +146,9 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def alerts(self, alertname: str, *, since: float = 0.0, path: str = "/api/v1/alerts",
-               **labels: str) -> list[dict[str, Any]]:  # fmt: skip
+    def alerts(
+        self, alertname: str, *, since: float = 0.0, path: str = "/api/v1/alerts", **labels: str
+    ) -> list[dict[str, Any]]:
         """Firing alerts named `alertname` with `labels`, delivered to `path` after `since`."""
         with self.lock:
             found = []
@@ -152,8 +157,11 @@ class Receiver:
                     continue
                 for a in n["payload"]["alerts"]:
                     lb = a["labels"]
-                    if (a["status"] == "firing" and lb.get("alertname") == alertname
-                            and all(lb.get(k) == v for k, v in labels.items())):  # fmt: skip
+                    if (
+                        a["status"] == "firing"
+                        and lb.get("alertname") == alertname
+                        and all(lb.get(k) == v for k, v in labels.items())
+                    ):
                         found.append(a)
             return found
 

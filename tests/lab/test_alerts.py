@@ -18,10 +18,14 @@ from tests.lab.conftest import Receiver, eventually, query, running_nodes
 pytestmark = pytest.mark.lab
 
 
-def delivered(receiver: Receiver, alertname: str, since: float, timeout: float = 40.0,
-              **labels: str) -> dict[str, Any]:  # fmt: skip
-    found = eventually(lambda: receiver.alerts(alertname, since=since, **labels),
-                       timeout=timeout, what=f"{alertname} {labels} at the webhook")  # fmt: skip
+def delivered(
+    receiver: Receiver, alertname: str, since: float, timeout: float = 40.0, **labels: str
+) -> dict[str, Any]:
+    found = eventually(
+        lambda: receiver.alerts(alertname, since=since, **labels),
+        timeout=timeout,
+        what=f"{alertname} {labels} at the webhook",
+    )
     return found[0]
 
 
@@ -31,8 +35,10 @@ def running_job(
     job = submit(nodes=nodes)
     names = running_nodes(lab_cfg, job)
     # GPUs are mapped to the job (dcgm hpc_job) before the fault, as a job's prolog would.
-    eventually(lambda: len(query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}')) == 1,
-               what="job visible as running")  # fmt: skip
+    eventually(
+        lambda: len(query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}')) == 1,
+        what="job visible as running",
+    )
     return job, names
 
 
@@ -51,9 +57,14 @@ def running_job(
     ],
 )
 def test_gpu_fault_reaches_the_webhook(
-    lab_cfg: LabConfig, receiver: Receiver, submit: Callable[..., int], clean_faults: None,
-    inject: dict[str, Any], alertname: str, signal: str,
-) -> None:  # fmt: skip
+    lab_cfg: LabConfig,
+    receiver: Receiver,
+    submit: Callable[..., int],
+    clean_faults: None,
+    inject: dict[str, Any],
+    alertname: str,
+    signal: str,
+) -> None:
     job, nodes = running_job(lab_cfg, submit)
     since = time.time()
     kind = inject.pop("kind")
@@ -67,8 +78,9 @@ def test_gpu_fault_reaches_the_webhook(
     assert not receiver.alerts(alertname, since=since, node=nodes[0])
 
 
-def test_alertmanager_sends_the_bearer_token(lab_cfg: LabConfig, receiver: Receiver,
-                                             clean_faults: None) -> None:  # fmt: skip
+def test_alertmanager_sends_the_bearer_token(
+    lab_cfg: LabConfig, receiver: Receiver, clean_faults: None
+) -> None:
     since = time.time()
     manage.inject_gpu(lab_cfg, "xid", "gpu08", 0, xid=64)
     delivered(receiver, "GpuXidNodeFault", since, node="gpu08", xid="64")
@@ -80,8 +92,9 @@ def test_alertmanager_sends_the_bearer_token(lab_cfg: LabConfig, receiver: Recei
     assert "slurm_job_id" not in alert["labels"]
 
 
-def test_ignore_class_xid_stays_silent(lab_cfg: LabConfig, receiver: Receiver,
-                                       clean_faults: None) -> None:  # fmt: skip
+def test_ignore_class_xid_stays_silent(
+    lab_cfg: LabConfig, receiver: Receiver, clean_faults: None
+) -> None:
     since = time.time()
     manage.inject_gpu(lab_cfg, "xid", "gpu07", 1, xid=43)  # IGNORE in NVIDIA's catalog
     manage.inject_gpu(lab_cfg, "xid", "gpu07", 2, xid=79)  # a marker that rules were evaluated
@@ -89,8 +102,11 @@ def test_ignore_class_xid_stays_silent(lab_cfg: LabConfig, receiver: Receiver,
     xid43 = 'DCGM_FI_DEV_XID_ERRORS{Hostname="gpu07",gpu="1"} == 43'
     assert eventually(lambda: query(lab_cfg, xid43), what="XID 43 scraped")
     assert not query(lab_cfg, 'ALERTS{node="gpu07",gpu="1"}')
-    assert not [a for a in receiver.alerts("GpuXidNodeFault", since=since, node="gpu07")
-                if a["labels"]["gpu"] == "1"]  # fmt: skip
+    assert not [
+        a
+        for a in receiver.alerts("GpuXidNodeFault", since=since, node="gpu07")
+        if a["labels"]["gpu"] == "1"
+    ]
 
 
 def test_killed_node_is_node_down_and_silences_its_gpu_alerts(
@@ -133,13 +149,19 @@ def test_hang_reaches_the_webhook_as_hang_and_nccl_timeouts(
 
 @pytest.mark.parametrize(
     ("kind", "alertname", "signal"),
-    [("crash_cuda", "TrainingCudaError", "app_error"),
-     ("crash_ecc", "TrainingGpuHardwareError", "gpu_hw")],
-)  # fmt: skip
+    [
+        ("crash_cuda", "TrainingCudaError", "app_error"),
+        ("crash_ecc", "TrainingGpuHardwareError", "gpu_hw"),
+    ],
+)
 def test_crashed_rank_reaches_the_webhook(
-    lab_cfg: LabConfig, receiver: Receiver, submit: Callable[..., int],
-    kind: str, alertname: str, signal: str,
-) -> None:  # fmt: skip
+    lab_cfg: LabConfig,
+    receiver: Receiver,
+    submit: Callable[..., int],
+    kind: str,
+    alertname: str,
+    signal: str,
+) -> None:
     job, nodes = running_job(lab_cfg, submit)
     since = time.time()
     manage.inject_job(lab_cfg, kind, job, 1)  # type: ignore[arg-type]
@@ -150,8 +172,9 @@ def test_crashed_rank_reaches_the_webhook(
     assert tb["labels"]["signal"] == "app_error"
 
 
-def test_slow_rank_is_a_straggler(lab_cfg: LabConfig, receiver: Receiver,
-                                  submit: Callable[..., int]) -> None:  # fmt: skip
+def test_slow_rank_is_a_straggler(
+    lab_cfg: LabConfig, receiver: Receiver, submit: Callable[..., int]
+) -> None:
     job, nodes = running_job(lab_cfg, submit, nodes=3)
     since = time.time()
     manage.inject_job(lab_cfg, "slow", job, 2, factor=4.0)

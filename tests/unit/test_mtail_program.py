@@ -1,6 +1,7 @@
 """alert_rules/mtail/training.mtail, run by the real mtail (one-shot) over real-format log lines."""
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -48,10 +49,19 @@ def run_mtail(
     for name, lines in files.items():
         (logs / name).write_text("\n".join(lines) + "\n")
     out = subprocess.run(
-        ["mtail", f"--progs={PROGS}", f"--logs={logs}/*.out", "--one_shot",
-         "--one_shot_format=prometheus", "--logtostderr"],
-        capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
+        [
+            "mtail",
+            f"--progs={PROGS}",
+            f"--logs={logs}/*.out",
+            "--one_shot",
+            "--one_shot_format=prometheus",
+            "--logtostderr",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     assert "compile failed" not in out.stderr, out.stderr
     found = {}
     for fam in text_string_to_metric_families(out.stdout):
@@ -65,8 +75,15 @@ def run_mtail(
 @pytest.mark.parametrize("kind", sorted(LINES))
 def test_each_line_counts_once_with_job_node_and_rank(tmp_path: Path, kind: str) -> None:
     lines = [ln.format(r=3) for ln in LINES[kind]]
+    before = time.time()
     found = run_mtail(tmp_path, {"slurm-4242-gpu-a07-3.out": HEALTHY + lines})
-    assert found == {(f"training_log_{kind}_total", "4242", "gpu-a07", "3"): float(len(lines))}
+    key = ("4242", "gpu-a07", "3")
+    counters = {k: v for k, v in found.items() if k[0].endswith("_total")}
+    assert counters == {(f"training_log_{kind}_total", *key): float(len(lines))}
+    # ... and when such a line was last read, which is what the alerts look at.
+    stamps = {k: v for k, v in found.items() if not k[0].endswith("_total")}
+    assert list(stamps) == [(f"training_log_{kind}_last_timestamp_seconds", *key)]
+    assert before - 2 <= next(iter(stamps.values())) <= time.time() + 2
 
 
 def test_healthy_logs_count_nothing(tmp_path: Path) -> None:

@@ -15,8 +15,16 @@ def test_committed_rule_files_match_a_fresh_render() -> None:
 
 def test_every_alert_carries_the_contract() -> None:
     """DESIGN.md's alert contract: severity, signal, summary/description/runbook_url."""
-    signals = {"gpu_hw", "gpu_app", "node_down", "network", "nccl_timeout", "app_error", "hang",
-               "straggler"}  # fmt: skip
+    signals = {
+        "gpu_hw",
+        "gpu_app",
+        "node_down",
+        "network",
+        "nccl_timeout",
+        "app_error",
+        "hang",
+        "straggler",
+    }
     alerts = []
     for text in RuleSource().render().values():
         for group in yaml.safe_load(text)["groups"]:

@@ -8,9 +8,16 @@ import yaml
 
 RULES = Path(__file__).resolve().parents[2] / "alert_rules"
 NODE_ACTIONS = {
-    "RESET_GPU", "RESTART_BM", "RESTART_VM", "CONTACT_SUPPORT", "WORKFLOW_XID_48",
-    "WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR", "CHECK_MECHANICALS", "UPDATE_SWFW",
-}  # fmt: skip
+    "RESET_GPU",
+    "RESTART_BM",
+    "RESTART_VM",
+    "CONTACT_SUPPORT",
+    "WORKFLOW_XID_48",
+    "WORKFLOW_NVLINK_ERR",
+    "WORKFLOW_NVLINK5_ERR",
+    "CHECK_MECHANICALS",
+    "UPDATE_SWFW",
+}
 INFORMATIONAL_ACTIONS = {"WORKFLOW_XID_45", "XID_154", "CHECK_UVM", ""}
 
 
@@ -21,11 +28,14 @@ def catalog() -> dict[int, dict[str, str]]:
     code, h100, action = header.index("Code"), 5, 8
     assert "H100" in header[h100] and "Immediate" in header[action], header
     return {
-        int(r[code]): {"h100": r[h100], "current": "YES" if "YES" in r[h100 : h100 + 3] else "NO",
-                       "action": r[action].strip()}
+        int(r[code]): {
+            "h100": r[h100],
+            "current": "YES" if "YES" in r[h100 : h100 + 3] else "NO",
+            "action": r[action].strip(),
+        }
         for r in body
         if r[code]
-    }  # fmt: skip
+    }
 
 
 def classes() -> dict[str, list[int]]:
@@ -52,9 +62,12 @@ def test_ignore_codes_raise_nothing() -> None:
 
 @pytest.mark.parametrize(
     ("klass", "allowed"),
-    [("node", NODE_ACTIONS | {""}), ("application", {"RESTART_APP"}),
-     ("informational", INFORMATIONAL_ACTIONS)],
-)  # fmt: skip
+    [
+        ("node", NODE_ACTIONS | {""}),
+        ("application", {"RESTART_APP"}),
+        ("informational", INFORMATIONAL_ACTIONS),
+    ],
+)
 def test_each_class_holds_only_codes_of_its_actions(klass: str, allowed: set[str]) -> None:
     cat = catalog()
     for code in classes()[klass]:

@@ -15,10 +15,14 @@ def main() -> None:
 
 def _register() -> None:
     from lab.cli import lab
+    from webhook.cli.policy import policy
+    from webhook.cli.replay import replay
     from webhook.cli.rules import rules
 
     main.add_command(lab)
     main.add_command(rules)
+    main.add_command(replay)
+    main.add_command(policy)
 
 
 _register()

@@ -1,0 +1,145 @@
+"""The core's boundary: real Alertmanager payloads, fingerprints, identity, policy, bad files."""
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from webhook.core.alerts import Alert, Payload, fingerprint
+from webhook.core.cluster import ClusterView, Job, Node
+from webhook.core.evidence import from_alert, node_label
+from webhook.core.policy import PolicyError, load_policy
+
+REPO = Path(__file__).resolve().parents[2]
+REAL = REPO.parent / "shared" / "reference" / "alertmanager"
+T = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("name", ["real-payload-firing.json", "real-payload-resolved.json"])
+def test_real_payloads_validate_and_fingerprints_match_alertmanager(name: str) -> None:
+    raw = json.loads((REAL / name).read_text())
+    payload = Payload.model_validate(raw)
+    for alert, original in zip(payload.alerts, raw["alerts"], strict=True):
+        assert fingerprint(original["labels"]) == original["fingerprint"]
+        assert alert.fingerprint == original["fingerprint"]
+
+
+def test_missing_fingerprint_is_computed_like_alertmanager() -> None:
+    a = Alert(status="firing", labels={"alertname": "X", "node": "gpu01"}, startsAt=T)
+    b = Alert(status="firing", labels={"node": "gpu01", "alertname": "X"}, startsAt=T)
+    assert a.fingerprint == b.fingerprint and len(a.fingerprint) == 16
+
+
+@pytest.mark.parametrize(
+    ("labels", "node"),
+    [
+        ({"node": "gpu01", "hostname": "x"}, "gpu01"),
+        ({"hostname": "gpu02", "Hostname": "y"}, "gpu02"),
+        ({"Hostname": "gpu03"}, "gpu03"),
+        ({"instance": "gpu04:9400"}, "gpu04"),
+        ({}, None),
+    ],
+)
+def test_node_identity_order(labels: dict[str, str], node: str | None) -> None:
+    assert node_label(labels) == node
+
+
+VIEW = ClusterView(
+    nodes={"gpu01": Node("gpu01", "train")},
+    jobs={7: Job(id=7, nodes=("gpu01",), partition="train")},
+)
+
+
+@pytest.mark.parametrize(
+    "bad", ["gpu01; rm -rf /", "../etc/passwd", "gpu99", "$(reboot)", "gpu01\n", "-gpu01"]
+)
+def test_hostile_or_unknown_nodes_are_never_actionable(bad: str) -> None:
+    alert = Alert(
+        status="firing", startsAt=T, labels={"alertname": "X", "signal": "gpu_hw", "node": bad}
+    )
+    ev = from_alert(alert, T, VIEW)
+    assert ev.node is None and not ev.actionable
+
+
+def test_bad_job_ids_are_not_actionable() -> None:
+    alert = Alert(
+        status="firing",
+        startsAt=T,
+        labels={"signal": "gpu_hw", "node": "gpu01", "slurm_job_id": "7 && halt"},
+    )
+    assert not from_alert(alert, T, VIEW).actionable
+
+
+def test_policy_defaults_are_designs() -> None:
+    p = load_policy(None)
+    assert (p.mode, p.settle_seconds, p.retry_budget.max_requeues) == ("monitor", 20, 3)
+    assert p.breaker.max_fraction == 0.10 and p.breaker.window.total_seconds() == 3600
+    assert p.mode_of("drain") == "monitor"
+    assert load_policy({"actions": {"drain": "enforce"}}).mode_of("drain") == "enforce"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"mode": "yolo"}, "mode: Input should be"),
+        ({"breaker": {"max_fractoin": 1}}, "breaker.max_fractoin: unknown key"),
+        ({"retry_budget": {"window": "soon"}}, "retry_budget.window: 'soon' is not a duration"),
+        ({"actions": {"reboot": "enforce"}}, "actions.reboot"),
+    ],
+)
+def test_bad_policy_names_the_key(data: dict[str, object], message: str) -> None:
+    with pytest.raises(PolicyError, match=message.replace("(", r"\(")):
+        load_policy(data)
+
+
+def run_replay(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "replay", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda s: s.pop("start"), "start: Field required"),
+        (lambda s: s["cluster"]["nodes"][0].update(names="gpu[01-"), "cluster.nodes.0.names"),
+        (
+            lambda s: s["events"][0].update(at="2026-11-29T11:00:00Z"),
+            "events.0.at: outside start..until",
+        ),
+        (lambda s: s["events"][0]["alerts"][0].update(status="maybe"), "events.0.alerts.0.status"),
+        (
+            lambda s: s.update(policy={"breaker": {"max_fraction": 5}}),
+            "policy.breaker.max_fraction",
+        ),
+    ],
+)
+def test_invalid_scenarios_exit_2_with_one_line_naming_the_field(
+    tmp_path: Path, edit, field: str
+) -> None:  # type: ignore[no-untyped-def]
+    spec = yaml.safe_load(
+        (REPO.parent / "shared" / "scenarios" / "xid79-one-node.yaml").read_text()
+    )
+    edit(spec)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = run_replay(path)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], out.stderr
+
+
+def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "x.yaml"
+    bad.write_text("name: [unclosed")
+    assert run_replay(bad).returncode == 2 and "not YAML" in run_replay(bad).stderr
+    assert run_replay(tmp_path / "nope.yaml").returncode == 2

@@ -1,0 +1,74 @@
+"""What the core knows of the cluster: nodes, switches, jobs. Built by an adapter (Slurm, or a
+scenario's snapshot); the core never asks Slurm itself."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# Slurm node names that may reach a command line: letters, digits, dot, dash, underscore.
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+JOB_ID = re.compile(r"^[0-9]{1,10}$")
+ACTIVE_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"}
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    partition: str
+    state: str = "idle"
+    reason: str = ""
+    switch: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    nodes: tuple[str, ...]
+    partition: str = ""
+    name: str = ""
+    user: str = ""
+    state: str = "RUNNING"
+    requeue: bool = True
+    restarts: int = 0
+    comment: str = ""
+    started: datetime | None = None
+
+    @property
+    def attempt(self) -> str:
+        return f"{self.id}.{self.restarts}"
+
+    def options(self) -> dict[str, Any]:
+        """The job's slurmedic options from its comment JSON (other comments are ignored)."""
+        try:
+            data = json.loads(self.comment)
+        except (ValueError, TypeError):
+            return {}
+        opts = data.get("slurmedic") if isinstance(data, dict) else None
+        return opts if isinstance(opts, dict) else {}
+
+
+@dataclass
+class ClusterView:
+    nodes: dict[str, Node] = field(default_factory=dict)
+    jobs: dict[int, Job] = field(default_factory=dict)
+    switches: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def valid_node(self, name: str) -> bool:
+        return bool(NODE_NAME.match(name)) and name in self.nodes
+
+    def jobs_on(self, node: str, at: datetime | None = None) -> list[Job]:
+        """Jobs holding `node` (that had started by `at`, when given)."""
+        return [
+            j
+            for j in self.jobs.values()
+            if node in j.nodes
+            and j.state in ACTIVE_STATES
+            and (at is None or j.started is None or j.started <= at)
+        ]
+
+    def switch_of(self, node: str) -> str | None:
+        return self.nodes[node].switch if node in self.nodes else None

@@ -1,0 +1,246 @@
+"""Decisions: what each cause leads to (DESIGN.md's table), then the guards that may change it.
+
+Guards, in order: scope (partitions, per-job opt-in/out in the comment, --no-requeue), the
+retry budget (a job out of budget is stopped and escalated instead of requeued), the circuit
+breaker (past its limit, drains become escalations until a human resets it), and the mode of
+each action (monitor records, approve waits for a human, enforce executes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from webhook.core.attribution import Attribution, names
+from webhook.core.cluster import ClusterView, Job
+from webhook.core.evidence import Evidence
+from webhook.core.policy import Policy
+
+STATE_OF_MODE = {"monitor": "recorded", "approve": "awaiting_approval", "enforce": "pending"}
+DRAIN_CAUSES = {"gpu_hardware", "node_failure", "network", "straggler"}
+
+
+@dataclass(frozen=True)
+class Decision:
+    at: datetime
+    incident: str
+    job: int | None
+    action: str
+    cause: str
+    reason: str
+    nodes: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    evidence: tuple[dict[str, Any], ...] = ()
+    guard: str | None = None
+    mode: str = "monitor"
+    state: str = "recorded"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "at": self.at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "incident": self.incident,
+            "job": self.job,
+            "action": self.action,
+            "nodes": sorted(self.nodes),
+            "exclude": sorted(self.exclude),
+            "cause": self.cause,
+            "reason": self.reason,
+            "evidence": list(self.evidence),
+            "guard": self.guard,
+            "mode": self.mode,
+            "state": self.state,
+        }
+
+
+@dataclass(frozen=True)
+class PastAction:
+    """An earlier decision, as the ledger holds it (for budgets and the breaker)."""
+
+    at: datetime
+    action: str
+    job: int | None = None
+    nodes: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    cause: str = ""
+
+
+@dataclass
+class GuardState:
+    """What the guards remember between incidents: history and the breaker."""
+
+    history: list[PastAction] = field(default_factory=list)
+    breaker_open: bool = False
+
+    def requeues(self, job: int, since: datetime) -> int:
+        return sum(
+            1 for h in self.history if h.action == "requeue" and h.job == job and h.at >= since
+        )
+
+    def drained(self, since: datetime) -> set[str]:
+        return {n for h in self.history if h.action == "drain" and h.at >= since for n in h.nodes}
+
+
+def plan(attr: Attribution, job: Job | None) -> list[tuple[str, str | None]]:
+    """DESIGN.md's table: (action, guard) pairs before any guard has spoken."""
+    actions: list[tuple[str, str | None]] = []
+    if attr.cause in DRAIN_CAUSES and attr.nodes:
+        actions.append(("drain", None))
+    if job is None:  # a node incident: no job to touch
+        if not actions and attr.cause in ("shared_infrastructure", "unknown"):
+            return [("escalate", None)]
+        return actions
+    if attr.cause in DRAIN_CAUSES or attr.cause == "hang":
+        actions.append(("requeue", None))
+    elif attr.cause == "application":
+        retry = job.options().get("retry_application") is True
+        actions.append(("requeue", None) if retry else ("stop", None))
+    else:
+        actions.append(("escalate", None))
+    return actions
+
+
+def decide(
+    *,
+    incident: str,
+    attr: Attribution,
+    job: Job | None,
+    evidence: list[Evidence],
+    view: ClusterView,
+    policy: Policy,
+    guards: GuardState,
+    now: datetime,
+) -> list[Decision]:
+    base = Decision(
+        at=now,
+        incident=incident,
+        job=job.id if job else None,
+        action="none",
+        cause=attr.cause,
+        reason=attr.reason,
+        evidence=tuple(e.record() for e in evidence if e.actionable),
+    )
+    out: list[Decision] = []
+    in_scope = _in_scope(policy, job.partition if job else None)
+    for action, _ in plan(attr, job):
+        if action == "drain":
+            out.append(_drain(base, attr, view, policy, guards, now))
+        elif action in ("requeue", "stop") and job is not None:
+            if not in_scope:
+                out.append(
+                    replace(
+                        base,
+                        action="none",
+                        guard="out_of_scope",
+                        reason=f"job {job.id} is outside the policy's partitions; {attr.reason}",
+                    )
+                )
+            elif action == "requeue":
+                out += _requeue(base, attr, job, policy, guards, now)
+            else:
+                out.append(replace(base, action="stop"))
+        else:
+            out.append(replace(base, action=action))
+    return [_with_mode(d, policy) for d in _one_per_action(out)]
+
+
+def _in_scope(policy: Policy, partition: str | None) -> bool:
+    return not policy.scope.partitions or partition in policy.scope.partitions
+
+
+def _drain(
+    base: Decision,
+    attr: Attribution,
+    view: ClusterView,
+    policy: Policy,
+    guards: GuardState,
+    now: datetime,
+) -> Decision:
+    nodes = tuple(n for n in attr.nodes if _in_scope(policy, view.nodes[n].partition))
+    if not nodes:
+        return replace(
+            base,
+            action="none",
+            guard="out_of_scope",
+            reason=f"{names(attr.nodes)} is outside the policy's partitions; {attr.reason}",
+        )
+    already = guards.drained(now - policy.breaker.window)
+    limit = max(1, math.ceil(policy.breaker.max_fraction * len(view.nodes)))
+    new = set(nodes) - already
+    if guards.breaker_open or len(already) + len(new) > limit:
+        guards.breaker_open = True
+        return replace(
+            base,
+            action="escalate",
+            nodes=nodes,
+            guard="circuit_breaker_open",
+            reason=f"Draining {names(nodes)} would pass the breaker's {limit} node(s) per "
+            f"{int(policy.breaker.window.total_seconds())}s; a human must look. {attr.reason}",
+        )
+    guards.history.append(PastAction(at=now, action="drain", nodes=nodes, cause=attr.cause))
+    return replace(base, action="drain", nodes=nodes)
+
+
+def _requeue(
+    base: Decision, attr: Attribution, job: Job, policy: Policy, guards: GuardState, now: datetime
+) -> list[Decision]:
+    opts = job.options()
+    if not job.requeue:
+        return [
+            replace(
+                base,
+                action="none",
+                guard="no_requeue",
+                reason=f"job {job.id} was submitted with --no-requeue; {attr.reason}",
+            )
+        ]
+    if opts.get("requeue") is False:
+        return [
+            replace(
+                base,
+                action="none",
+                guard="opted_out",
+                reason=f"job {job.id} opted out of requeues in its comment; {attr.reason}",
+            )
+        ]
+    if policy.scope.require_opt_in and opts.get("requeue") is not True:
+        return [
+            replace(
+                base,
+                action="none",
+                guard="not_opted_in",
+                reason=f"job {job.id} did not opt in to requeues; {attr.reason}",
+            )
+        ]
+    budget = opts.get("max_requeues", policy.retry_budget.max_requeues)
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+        budget = policy.retry_budget.max_requeues
+    used = guards.requeues(job.id, now - policy.retry_budget.window)
+    if used >= budget:
+        why = (
+            f"job {job.id} was requeued {used} time(s) in the last "
+            f"{int(policy.retry_budget.window.total_seconds())}s (budget {budget}); {attr.reason}"
+        )
+        return [
+            replace(base, action="stop", guard="retry_budget_exhausted", reason=why),
+            replace(base, action="escalate", guard="retry_budget_exhausted", reason=why),
+        ]
+    guards.history.append(PastAction(at=now, action="requeue", job=job.id, exclude=attr.nodes))
+    return [replace(base, action="requeue", exclude=attr.nodes)]
+
+
+def _one_per_action(decisions: list[Decision]) -> list[Decision]:
+    seen: set[str] = set()
+    out = []
+    for d in decisions:
+        if d.action not in seen:
+            seen.add(d.action)
+            out.append(d)
+    return out
+
+
+def _with_mode(d: Decision, policy: Policy) -> Decision:
+    mode = policy.mode_of(d.action)
+    state = "recorded" if d.action == "none" else STATE_OF_MODE[mode]
+    return replace(d, mode=mode, state=state)

@@ -1,0 +1,87 @@
+"""Evidence: what one firing alert says, about which node and which job, checked against the
+cluster view. An alert that names no valid node of the cluster is recorded, never acted on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from webhook.core.alerts import Alert
+from webhook.core.cluster import JOB_ID, ClusterView
+
+# Signals that are evidence against a node itself, and the cause each points to (rule 1).
+HARDWARE = {"gpu_hw": "gpu_hardware", "node_down": "node_failure", "network": "network"}
+APPLICATION = frozenset({"gpu_app", "app_error"})
+SIGNALS = frozenset({*HARDWARE, *APPLICATION, "nccl_timeout", "hang", "straggler"})
+# Node-level alerts without a job label join every job on the node (and idle nodes' incidents).
+NODE_LEVEL = frozenset({*HARDWARE, "straggler"})
+
+
+def node_label(labels: dict[str, str]) -> str | None:
+    """DESIGN.md's identity: `node`, else `hostname`, else `Hostname`, else `instance` - port."""
+    for key in ("node", "hostname", "Hostname"):
+        if labels.get(key):
+            return labels[key]
+    instance = labels.get("instance", "")
+    return instance.rsplit(":", 1)[0] if instance else None
+
+
+def job_label(labels: dict[str, str]) -> str | None:
+    for key in ("slurm_job_id", "hpc_job"):
+        if labels.get(key):
+            return labels[key]
+    return None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    alertname: str
+    signal: str
+    node: str | None  # a valid node of the cluster, or None
+    job: int | None
+    fingerprint: str
+    starts_at: datetime
+    received_at: datetime
+    summary: str = ""
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def actionable(self) -> bool:
+        return not self.problems
+
+    def record(self) -> dict[str, str | None]:
+        return {
+            "alertname": self.alertname,
+            "node": self.node,
+            "fingerprint": self.fingerprint,
+            "startsAt": self.starts_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+
+
+def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Evidence:
+    labels = alert.labels
+    problems = []
+    signal = labels.get("signal", "")
+    if signal not in SIGNALS:
+        problems.append(f"signal {signal!r} is not in the vocabulary" if signal else "no signal")
+    raw_node = node_label(labels)
+    node = raw_node if raw_node is not None and view.valid_node(raw_node) else None
+    if raw_node is not None and node is None:
+        problems.append(f"node {raw_node[:80]!r} is not a node of the cluster")
+    raw_job = job_label(labels)
+    job = int(raw_job) if raw_job is not None and JOB_ID.match(raw_job) else None
+    if raw_job is not None and job is None:
+        problems.append(f"job {raw_job[:40]!r} is not a Slurm job id")
+    if node is None and job is None and not problems:
+        problems.append("names neither a node nor a job")
+    return Evidence(
+        alertname=labels.get("alertname", ""),
+        signal=signal,
+        node=node,
+        job=job,
+        fingerprint=alert.fingerprint,
+        starts_at=alert.startsAt,
+        received_at=received_at,
+        summary=alert.annotations.get("summary", ""),
+        problems=tuple(problems),
+    )

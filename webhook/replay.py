@@ -1,0 +1,255 @@
+"""`slurmedic replay`: the real core over a scenario file, on a simulated clock.
+
+The format and the output are a public contract (shared/scenarios/README.md): old files must
+keep working. A file that is not a valid scenario raises ScenarioError naming the field.
+"""
+
+from __future__ import annotations
+
+import heapq
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import hostlist
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from webhook.core.alerts import Alert, Payload, wrap
+from webhook.core.cluster import NODE_NAME, ClusterView, Job, Node
+from webhook.core.decisions import Decision, PastAction
+from webhook.core.engine import Engine
+from webhook.core.policy import PolicyError, describe, load_policy
+
+
+class ScenarioError(ValueError):
+    """Not a valid scenario; the message names the field and why."""
+
+
+def _expand(expr: str) -> list[str]:
+    try:
+        nodes = list(hostlist.expand_hostlist(expr))
+    except hostlist.BadHostlist as e:
+        raise ValueError(f"{expr!r} is not a Slurm hostlist ({e})") from e
+    bad = [n for n in nodes if not NODE_NAME.match(n)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a valid node name")
+    return nodes
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class NodeGroup(_Model):
+    names: str
+    partition: str = ""
+    gpus: int = 8
+    state: str = "idle"
+    reason: str = ""
+
+    @field_validator("names")
+    @classmethod
+    def _names(cls, v: str) -> str:
+        _expand(v)
+        return v
+
+
+class SwitchSpec(_Model):
+    name: str
+    nodes: str
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: str) -> str:
+        _expand(v)
+        return v
+
+
+class JobSpec(_Model):
+    id: int = Field(ge=1)
+    name: str = ""
+    user: str = ""
+    partition: str = ""
+    nodes: str = ""
+    state: str = "RUNNING"
+    requeue: bool = True
+    restarts: int = Field(default=0, ge=0)
+    comment: str = ""
+    started: datetime | None = None
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: str) -> str:
+        if v:
+            _expand(v)
+        return v
+
+
+class ClusterSpec(_Model):
+    nodes: list[NodeGroup] = []
+    switches: list[SwitchSpec] = []
+    jobs: list[JobSpec] = []
+
+
+class JobChange(_Model):
+    id: int
+    state: str | None = None
+    nodes: str | None = None
+    restarts: int | None = None
+    comment: str | None = None
+    requeue: bool | None = None
+
+
+class ClusterChange(_Model):
+    jobs: list[JobChange] = []
+    nodes: list[NodeGroup] = []
+
+
+class Event(_Model):
+    at: datetime
+    alerts: list[Alert] | None = None
+    payload: Payload | None = None
+    cluster: ClusterChange | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Event:
+        kinds = [k for k in ("alerts", "payload", "cluster") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("needs exactly one of alerts, payload, cluster")
+        if self.alerts is not None and not self.alerts:
+            raise ValueError("alerts: at least one alert")
+        return self
+
+
+class HistoryEntry(_Model):
+    at: datetime
+    action: Literal["drain", "requeue", "stop", "escalate", "resume", "none"]
+    job: int | None = None
+    nodes: list[str] = []
+    exclude: list[str] = []
+    cause: str = ""
+
+
+class Scenario(_Model):
+    name: str = Field(min_length=1)
+    description: str = ""
+    start: datetime
+    until: datetime
+    policy: dict[str, Any] | None = None
+    cluster: ClusterSpec
+    history: list[HistoryEntry] = []
+    events: list[Event] = []
+    expect: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _times(self) -> Scenario:
+        if self.until < self.start:
+            raise ValueError("until: is before start")
+        for i, e in enumerate(self.events):
+            if not self.start <= e.at <= self.until:
+                raise ValueError(f"events.{i}.at: outside start..until")
+            if i and e.at < self.events[i - 1].at:
+                raise ValueError(f"events.{i}.at: events must be in time order")
+        return self
+
+
+def load(path: Path) -> Scenario:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ScenarioError(f"{path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{path}: not YAML ({str(e).splitlines()[0]})") from e
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario is a mapping")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(f"{path}: {describe(e)}") from e
+
+
+def build_view(spec: ClusterSpec) -> ClusterView:
+    switch_of = {n: s.name for s in spec.switches for n in _expand(s.nodes)}
+    view = ClusterView(switches={s.name: tuple(_expand(s.nodes)) for s in spec.switches})
+    for group in spec.nodes:
+        for n in _expand(group.names):
+            view.nodes[n] = Node(n, group.partition, group.state, group.reason, switch_of.get(n))
+    for j in spec.jobs:
+        view.jobs[j.id] = Job(
+            id=j.id,
+            nodes=tuple(_expand(j.nodes)) if j.nodes else (),
+            partition=j.partition,
+            name=j.name,
+            user=j.user,
+            state=j.state,
+            requeue=j.requeue,
+            restarts=j.restarts,
+            comment=j.comment,
+            started=j.started,
+        )
+    return view
+
+
+def apply_change(view: ClusterView, change: ClusterChange) -> None:
+    from dataclasses import replace
+
+    for group in change.nodes:
+        for n in _expand(group.names):
+            old = view.nodes.get(n)
+            view.nodes[n] = Node(
+                n,
+                group.partition or (old.partition if old else ""),
+                group.state,
+                group.reason,
+                old.switch if old else None,
+            )
+    for jc in change.jobs:
+        old_job = view.jobs.get(jc.id) or Job(id=jc.id, nodes=())
+        updates = {k: v for k, v in jc.model_dump(exclude={"id"}).items() if v is not None}
+        if "nodes" in updates:
+            updates["nodes"] = tuple(_expand(updates["nodes"]))
+        view.jobs[jc.id] = replace(old_job, **updates)
+
+
+def run(scenario: Scenario) -> list[Decision]:
+    try:
+        policy = load_policy(scenario.policy, prefix="policy.")
+    except PolicyError as e:
+        raise ScenarioError(str(e)) from e
+    view = build_view(scenario.cluster)
+    history = [
+        PastAction(
+            at=h.at,
+            action=h.action,
+            job=h.job,
+            nodes=tuple(h.nodes),
+            exclude=tuple(h.exclude),
+            cause=h.cause,
+        )
+        for h in scenario.history
+    ]
+    engine = Engine.with_history(view, policy, history)
+    decisions: list[Decision] = []
+    # Deliveries and cluster changes at a time come before decisions falling due at that time.
+    queue = [(e.at, i, e) for i, e in enumerate(scenario.events)]
+    heapq.heapify(queue)
+    while True:
+        due = engine.next_due()
+        if queue and (due is None or queue[0][0] <= due):
+            at, _, event = heapq.heappop(queue)
+            if event.cluster is not None:
+                apply_change(engine.view, event.cluster)
+            else:
+                payload = event.payload or wrap(event.alerts or [])
+                engine.receive(payload, at)
+        elif due is not None and due <= scenario.until:
+            decisions += engine.tick(due)
+        else:
+            break
+    return decisions
+
+
+def replay_json(path: Path) -> dict[str, Any]:
+    scenario = load(path)
+    return {"scenario": scenario.name, "decisions": [d.to_json() for d in run(scenario)]}
