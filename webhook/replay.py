@@ -7,13 +7,21 @@ keep working. A file that is not a valid scenario raises ScenarioError naming th
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import hostlist
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from webhook.core.alerts import Alert, Payload, wrap
 from webhook.core.cluster import NODE_NAME, ClusterView, Job, Node
@@ -37,33 +45,30 @@ def _expand(expr: str) -> list[str]:
     return nodes
 
 
+def _hostlist(v: str) -> str:
+    if v:
+        _expand(v)
+    return v
+
+
+Hostlist = Annotated[str, AfterValidator(_hostlist)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
 class NodeGroup(_Model):
-    names: str
+    names: Hostlist = Field(min_length=1)
     partition: str = ""
     gpus: int = 8
     state: str = "idle"
     reason: str = ""
 
-    @field_validator("names")
-    @classmethod
-    def _names(cls, v: str) -> str:
-        _expand(v)
-        return v
-
 
 class SwitchSpec(_Model):
     name: str
-    nodes: str
-
-    @field_validator("nodes")
-    @classmethod
-    def _nodes(cls, v: str) -> str:
-        _expand(v)
-        return v
+    nodes: Hostlist = Field(min_length=1)
 
 
 class JobSpec(_Model):
@@ -71,19 +76,12 @@ class JobSpec(_Model):
     name: str = ""
     user: str = ""
     partition: str = ""
-    nodes: str = ""
+    nodes: Hostlist = ""
     state: str = "RUNNING"
     requeue: bool = True
     restarts: int = Field(default=0, ge=0)
     comment: str = ""
     started: datetime | None = None
-
-    @field_validator("nodes")
-    @classmethod
-    def _nodes(cls, v: str) -> str:
-        if v:
-            _expand(v)
-        return v
 
 
 class ClusterSpec(_Model):
@@ -192,8 +190,6 @@ def build_view(spec: ClusterSpec) -> ClusterView:
 
 
 def apply_change(view: ClusterView, change: ClusterChange) -> None:
-    from dataclasses import replace
-
     for group in change.nodes:
         for n in _expand(group.names):
             old = view.nodes.get(n)
