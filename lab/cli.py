@@ -234,6 +234,20 @@ def clear_cmd(cfg: LabConfig, node: str | None) -> None:
     click.echo(f"cleared {n} GPU fault(s)")
 
 
+@lab.command(name="serve")
+@pass_cfg
+@lab_errors
+def serve_cmd(cfg: LabConfig) -> None:
+    """Run `slurmedic serve` against the lab (monitor mode), as a lab process."""
+    from lab import monitoring
+
+    monitoring.start_slurmedic(cfg)
+    click.echo(
+        f"slurmedic serves {cfg.url(cfg.receiver_port)}/api/v1/alerts "
+        f"(config {cfg.slurmedic_config}); `slurmedic lab down` stops it"
+    )
+
+
 @lab.command()
 @click.option("--nodes", "-N", default=4, show_default=True, type=click.IntRange(2, 6))
 @pass_cfg

@@ -167,6 +167,10 @@ class LabConfig:
         return self.etc / "webhook.token"
 
     @property
+    def slurmedic_config(self) -> Path:
+        return self.etc / "slurmedic.yml"
+
+    @property
     def hostname(self) -> str:
         return socket.gethostname()
 

@@ -1,4 +1,5 @@
-"""The README's main command: the lab, a training job, a GPU fault, the alert it becomes."""
+"""The README's main command: the lab, a training job, a GPU fault, the alert it becomes, and
+slurmedic's recommendation (monitor mode: recorded, Slurm untouched)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,23 @@ import time
 
 from rich.console import Console
 
-from lab import api, manage
+from lab import api, manage, monitoring
 from lab.config import LabConfig
 from lab.processes import wait_until
 from lab.slurm import LabError
+from webhook.ledger.store import Ledger
+from webhook.service.config import load_config
 
 DEMO_XID = 79  # "GPU has fallen off the bus": NVIDIA's catalog says RESTART_BM
 
 
 def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60.0) -> None:
-    console.rule("1. the lab")
+    console.rule("1. the lab, and slurmedic in monitor mode")
     seconds = manage.up(cfg)
     console.print(f"8-node Slurm cluster and monitoring stack ready in {seconds:.1f}s")
+    manage.clear(cfg)  # a demo starts from healthy GPUs
+    monitoring.start_slurmedic(cfg)
+    console.print(f"slurmedic serves the lab's Alertmanager at {cfg.url(cfg.receiver_port)}")
 
     console.rule("2. a training job")
     job = manage.submit_training(cfg, nodes=nodes, name="demo-pretrain")
@@ -27,7 +33,7 @@ def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60
         0.5,
     ):
         raise LabError(f"job {job} did not report progress to Prometheus within {timeout:.0f}s")
-    job_nodes, _ = manage.running_job(cfg, job)
+    job_nodes, attempt = manage.running_job(cfg, job)
     console.print(f"job {job} runs on {', '.join(job_nodes)}; its progress is in Prometheus:")
     for s in api.query(cfg, f'training_step{{slurm_job_id="{job}"}}'):
         console.print(
@@ -60,6 +66,26 @@ def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60
     for key in ("node", "gpu", "xid", "slurm_job_id", "signal", "severity"):
         console.print(f"  {key:13} {labels.get(key, '-')}")
     console.print(f"  summary       {alert['annotations'].get('summary', '')}")
+
+    console.rule("5. slurmedic's recommendation")
+    ledger = Ledger(load_config(cfg.slurmedic_config).database_url)
+    incident = f"{job}.{attempt}"
+    rows: list = []  # type: ignore[type-arg]
+
+    def decided() -> bool:
+        rows[:] = [r for r in ledger.decisions(50) if r.incident == incident]
+        return bool(rows)
+
+    if not wait_until(decided, timeout, 0.3):
+        raise LabError(f"slurmedic recorded no decision for incident {incident} in {timeout:.0f}s")
+    for r in sorted(rows, key=lambda r: r.id):
+        target = ", ".join(r.nodes) or (f"excluding {', '.join(r.exclude)}" if r.exclude else "")
+        console.print(f"  [bold]{r.action}[/bold] {target}  ({r.cause}, {r.mode}: {r.state})")
+    console.print(f"  reason: {rows[0].reason}")
+    console.print(
+        f"  {time.monotonic() - t0:.1f}s from the fault; Slurm was not touched (monitor mode)."
+    )
+    console.print("  .venv/bin/slurmedic decisions list --config " + str(cfg.slurmedic_config))
 
     console.rule("the lab keeps running")
     console.print(

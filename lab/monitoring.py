@@ -84,6 +84,32 @@ def alertmanager_config(cfg: LabConfig) -> dict[str, Any]:
     return config
 
 
+def slurmedic_config(cfg: LabConfig) -> dict[str, Any]:
+    """slurmedic's own service config for the lab: where Alertmanager sends, the lab's Slurm."""
+    return {
+        "listen": f"127.0.0.1:{cfg.receiver_port}",
+        "database_url": f"sqlite:///{cfg.run_dir / 'slurmedic' / 'ledger.db'}",
+        "auth": {"bearer_token_file": str(cfg.webhook_token_file)},
+        "policy_file": str(cfg.etc / "policy.yml"),
+        "cluster": {"slurm_conf": str(cfg.slurm_conf), "refresh_seconds": 1},
+        "tick_seconds": 0.5,
+        "workers": 2,
+    }
+
+
+def start_slurmedic(cfg: LabConfig) -> None:
+    """Run `slurmedic serve` against the lab, as a lab process (stopped by `lab down`)."""
+    (cfg.run_dir / "slurmedic").mkdir(parents=True, exist_ok=True)
+    processes.start(
+        cfg,
+        "slurmedic",
+        [cfg.python, "-m", "webhook.cli", "serve", f"--config={cfg.slurmedic_config}"],
+    )
+    url = f"{cfg.url(cfg.receiver_port)}/readyz"
+    if not processes.wait_until(lambda: requests.get(url, timeout=1).status_code == 200, 20, 0.2):
+        raise LabError(f"slurmedic is not ready at {url}; see {cfg.logs}/slurmedic.out")
+
+
 def _write_yaml(path: Any, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -99,6 +125,13 @@ def write_config(cfg: LabConfig) -> None:
         cfg.webhook_token_file.write_text(secrets.token_urlsafe(32) + "\n")
         cfg.webhook_token_file.chmod(0o600)
     _write_yaml(cfg.etc / "alertmanager.yml", alertmanager_config(cfg))
+    _write_yaml(cfg.slurmedic_config, slurmedic_config(cfg))
+    # Monitor mode; a short settle window for the lab's pace; 8 nodes would give a breaker of
+    # one node at the default 10 %, so the lab allows half its nodes per hour.
+    _write_yaml(
+        cfg.etc / "policy.yml",
+        {"mode": "monitor", "settle_seconds": 5, "breaker": {"max_fraction": 0.5}},
+    )
     cfg.joblogs.mkdir(parents=True, exist_ok=True)
     cfg.jobs.mkdir(parents=True, exist_ok=True)
 

@@ -15,14 +15,18 @@ def main() -> None:
 
 def _register() -> None:
     from lab.cli import lab
+    from webhook.cli.decisions import decisions
     from webhook.cli.policy import policy
     from webhook.cli.replay import replay
     from webhook.cli.rules import rules
+    from webhook.cli.serve import serve
 
     main.add_command(lab)
     main.add_command(rules)
     main.add_command(replay)
     main.add_command(policy)
+    main.add_command(decisions)
+    main.add_command(serve)
 
 
 _register()

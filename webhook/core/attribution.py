@@ -94,8 +94,9 @@ def attribute(
         nodes = tuple(sorted({e.node for e in hardware if e.node}))
         first = hardware[0]
         reason = first.summary or f"{first.alertname} on {first.node}"
-        if len(nodes) > 1:
-            reason += f" (and {len(nodes) - 1} more node(s): {names(nodes)})"
+        others = [n for n in nodes if n != first.node]
+        if others:
+            reason += f"; hardware evidence on {names(others)} too"
         return Attribution(cause, nodes, reason)
 
     # 2. The silent node: every other node of the job logged an NCCL timeout.

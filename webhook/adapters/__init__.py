@@ -1,0 +1,1 @@
+"""Adapters at the edge: they touch the world so the core does not."""

@@ -1,0 +1,69 @@
+"""POST /api/v1/alerts: Alertmanager's webhook (payload version 4)."""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Blueprint, Response, current_app, jsonify, request
+from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
+
+from webhook.core.alerts import Payload
+from webhook.core.policy import describe
+
+alerts = Blueprint("alerts", __name__)
+
+
+def _authorized() -> bool:
+    ext = current_app.extensions["slurmedic"]
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and ext["token"] is not None:
+        return hmac.compare_digest(value.strip().encode(), ext["token"])
+    if scheme.lower() == "basic" and ext["basic"] is not None:
+        try:
+            user, _, password = base64.b64decode(value.strip(), validate=True).partition(b":")
+        except ValueError:
+            return False
+        want_user, want_password = ext["basic"]
+        # Both compared, always, so the time taken says nothing about which was wrong.
+        ok_user = hmac.compare_digest(user, want_user)
+        ok_password = hmac.compare_digest(password, want_password)
+        return ok_user and ok_password
+    return False
+
+
+def _error(status: int, reason: str) -> tuple[Response, int]:
+    return jsonify(error="bad request" if status == 400 else "unauthorized", reason=reason), status
+
+
+@alerts.post("/api/v1/alerts")
+def receive() -> Any:
+    if not _authorized():
+        resp, status = _error(401, "missing or wrong credentials")
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="slurmedic"'
+        return resp, status
+    body = request.get_data(cache=False)  # over MAX_CONTENT_LENGTH: 413 before we read it
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        return _error(400, f"body is not JSON: {e}")
+    if not isinstance(raw, dict):
+        return _error(400, "body must be a JSON object (an Alertmanager v4 payload)")
+    try:
+        payload = Payload.model_validate(raw)
+    except ValidationError as e:
+        return _error(400, describe(e))
+    ledger = current_app.extensions["slurmedic"]["ledger"]
+    try:
+        stored = ledger.store(raw, payload, datetime.now(UTC), request.remote_addr or "")
+    except SQLAlchemyError:
+        current_app.logger.exception("ledger write failed")
+        # Not the client's fault, and Alertmanager retries a 5xx: nothing is lost.
+        return jsonify(error="unavailable", reason="the ledger cannot be written"), 503
+    return jsonify(status="stored", notification=stored.notification, new=stored.new,
+                   duplicates=stored.duplicates), 200  # fmt: skip

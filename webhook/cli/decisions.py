@@ -1,0 +1,122 @@
+"""`slurmedic decisions list | show`: what slurmedic decided, why, on what evidence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from webhook.ledger.schema import DecisionRow
+from webhook.ledger.store import Ledger
+from webhook.service.config import ConfigError, load_config
+
+
+def _ledger(config_path: Path | None) -> Ledger:
+    try:
+        return Ledger(load_config(config_path).database_url)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from e
+
+
+def _json(row: DecisionRow) -> dict[str, object]:
+    return {
+        "id": row.id,
+        "at": row.at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "incident": row.incident,
+        "job": row.job,
+        "action": row.action,
+        "nodes": row.nodes,
+        "exclude": row.exclude,
+        "cause": row.cause,
+        "reason": row.reason,
+        "evidence": row.evidence,
+        "guard": row.guard,
+        "mode": row.mode,
+        "state": row.state,
+    }
+
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    envvar="SLURMEDIC_CONFIG",
+    help="Service config (YAML).",
+)
+
+
+@click.group()
+def decisions() -> None:
+    """Decisions in the ledger."""
+
+
+@decisions.command(name="list")
+@config_option
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1))
+def list_(config_path: Path | None, as_json: bool, limit: int) -> None:
+    """The most recent decisions, newest first."""
+    rows = _ledger(config_path).decisions(limit)
+    if as_json:
+        click.echo(json.dumps([_json(r) for r in rows], indent=1))
+        return
+    t = Table(title="slurmedic decisions")
+    for col in ("id", "at", "incident", "action", "nodes / exclude", "cause", "guard", "state"):
+        t.add_column(col)
+    for r in rows:
+        targets = ", ".join(r.nodes) or (f"excl. {', '.join(r.exclude)}" if r.exclude else "")
+        t.add_row(
+            str(r.id),
+            r.at.strftime("%m-%d %H:%M:%S"),
+            r.incident,
+            r.action,
+            targets,
+            r.cause,
+            r.guard or "",
+            r.state,
+        )
+    Console().print(t)
+
+
+@decisions.command()
+@config_option
+@click.argument("decision_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def show(config_path: Path | None, decision_id: int, as_json: bool) -> None:
+    """One decision: its reason, evidence and every state it went through."""
+    found = _ledger(config_path).decision(decision_id)
+    if found is None:
+        raise click.ClickException(f"decision {decision_id} is not in the ledger")
+    row, events = found
+    data = _json(row) | {
+        "events": [
+            {"at": e.at.strftime("%Y-%m-%dT%H:%M:%SZ"), "state": e.state, "detail": e.detail}
+            for e in events
+        ]
+    }
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    c = Console()
+    c.print(
+        f"[bold]decision {row.id}[/bold]  {row.action} {', '.join(row.nodes or row.exclude)}"
+        f"  ({row.cause}, {row.mode}, {row.state})"
+    )
+    c.print(f"incident {row.incident}  job {row.job}  at {data['at']}  guard {row.guard or '-'}")
+    c.print(f"reason: {row.reason}")
+    t = Table(title="evidence")
+    for col in ("alertname", "node", "startsAt", "fingerprint"):
+        t.add_column(col)
+    for e in row.evidence:
+        t.add_row(
+            e.get("alertname", ""),
+            e.get("node") or "",
+            e.get("startsAt", ""),
+            e.get("fingerprint", ""),
+        )
+    c.print(t)
+    for e in data["events"]:  # type: ignore[attr-defined]
+        c.print(f"  {e['at']}  {e['state']}  {json.dumps(e['detail'])}")

@@ -1,0 +1,111 @@
+"""`slurmedic serve`: the webhook under gunicorn, and the live loop beside it."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+import yaml
+from gunicorn.app.base import BaseApplication
+
+from webhook.core.policy import Policy, PolicyError, load_policy
+from webhook.service.config import ConfigError, ServiceConfig, load_config
+
+
+def read_policy(path: Path | None) -> Policy:
+    if path is None:
+        return Policy()
+    try:
+        return load_policy(yaml.safe_load(path.read_text()))
+    except OSError as e:
+        raise click.ClickException(f"{path}: {e.strerror}") from e
+    except (PolicyError, yaml.YAMLError) as e:
+        raise click.ClickException(f"{path}: {e}") from e
+
+
+class _Gunicorn(BaseApplication):  # type: ignore[misc]
+    def __init__(self, config: ServiceConfig) -> None:
+        self.service = config
+        super().__init__()
+
+    def load_config(self) -> None:
+        self.cfg.set("bind", self.service.listen)
+        self.cfg.set("workers", self.service.workers)
+        self.cfg.set("worker_class", "gthread")
+        self.cfg.set("threads", 4)
+        self.cfg.set("accesslog", None)
+        self.cfg.set("graceful_timeout", 5)
+        # gunicorn >= 24 opens a control socket in ~/.gunicorn, shared by every instance of
+        # the user; slurmedic needs none (and two instances would fight over it).
+        if "control_socket_disable" in self.cfg.settings:
+            self.cfg.set("control_socket_disable", True)
+
+    def load(self) -> Any:
+        from webhook.app import create_app
+
+        return create_app(self.service)
+
+
+def _run_loop(config: ServiceConfig, policy: Policy) -> None:
+    from webhook.adapters.slurm import SlurmCluster
+    from webhook.ledger.store import Ledger
+    from webhook.service.loop import LiveLoop
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = threading.Event()
+
+    def on_term(_sig: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    cluster = SlurmCluster(config.cluster.slurm_conf)
+    loop = LiveLoop(
+        Ledger(config.database_url),
+        policy,
+        cluster.view,
+        refresh_seconds=config.cluster.refresh_seconds,
+    )
+    loop.run(stop, config.tick_seconds)
+
+
+@click.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    envvar="SLURMEDIC_CONFIG",
+    help="Service config (YAML); embedded defaults otherwise.",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(path_type=Path),
+    help="Policy file; overrides the config's policy_file.",
+)
+def serve(config_path: Path | None, policy_path: Path | None) -> None:
+    """Run the webhook (gunicorn) and the live loop that decides."""
+    try:
+        config = load_config(config_path)
+        config.auth.secrets()  # fail now, with the key named, not in a worker
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from e
+    policy = read_policy(policy_path or config.policy_file)
+    from webhook.ledger.store import Ledger
+
+    Ledger(config.database_url)  # create the tables once, before workers race to
+    loop = multiprocessing.get_context("fork").Process(
+        target=_run_loop, args=(config, policy), name="slurmedic-loop", daemon=True
+    )
+    loop.start()
+    try:
+        _Gunicorn(config).run()
+    finally:
+        loop.terminate()
+        loop.join(10)

@@ -1,0 +1,69 @@
+"""Tables of the ledger."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Notification(Base):
+    """One POST from Alertmanager, as received (re-deliveries included: this is the audit log)."""
+
+    __tablename__ = "notifications"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    remote: Mapped[str] = mapped_column(String(64), default="")
+    group_key: Mapped[str] = mapped_column(Text, default="")
+    payload: Mapped[dict[str, Any]]
+
+
+class AlertRow(Base):
+    """An alert event, once: a re-delivery (same fingerprint, startsAt and status) adds nothing."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (
+        UniqueConstraint("fingerprint", "starts_at", "status", name="uq_alert_event"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    notification_id: Mapped[int] = mapped_column(ForeignKey("notifications.id"))
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    fingerprint: Mapped[str] = mapped_column(String(32))
+    starts_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    status: Mapped[str] = mapped_column(String(16))
+    alert: Mapped[dict[str, Any]]
+
+
+class DecisionRow(Base):
+    __tablename__ = "decisions"
+    __table_args__ = (Index("ix_decision_incident", "incident"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    incident: Mapped[str] = mapped_column(String(64))
+    job: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    action: Mapped[str] = mapped_column(String(16))
+    cause: Mapped[str] = mapped_column(String(32))
+    nodes: Mapped[list[Any]]
+    exclude: Mapped[list[Any]]
+    reason: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[list[Any]]
+    guard: Mapped[str | None] = mapped_column(String(48), nullable=True)
+    mode: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(24))
+
+
+class DecisionEvent(Base):
+    """Every state a decision passes through, appended, with what caused it."""
+
+    __tablename__ = "decision_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    decision_id: Mapped[int] = mapped_column(ForeignKey("decisions.id"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    state: Mapped[str] = mapped_column(String(24))
+    detail: Mapped[dict[str, Any]]

@@ -1,0 +1,156 @@
+"""The ledger's operations; the only module that speaks SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import sessionmaker
+
+from webhook.core.alerts import Alert, Payload
+from webhook.core.decisions import Decision, PastAction
+from webhook.ledger.schema import AlertRow, Base, DecisionEvent, DecisionRow, Notification
+
+
+def _utc(dt: datetime) -> datetime:
+    """SQLite hands datetimes back naive; the ledger stores UTC only."""
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Stored:
+    notification: int
+    new: int
+    duplicates: int
+
+
+class Ledger:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine: Engine = create_engine(url, pool_pre_ping=True)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        Base.metadata.create_all(self.engine)
+        self.session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+    # ---- notifications ---------------------------------------------------------------------
+    def store(
+        self, raw: dict[str, Any], payload: Payload, received_at: datetime, remote: str = ""
+    ) -> Stored:
+        """Persist one notification and its alert events in one transaction (before the 2xx)."""
+        insert = (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert
+        with self.session.begin() as s:
+            note = Notification(
+                received_at=received_at, remote=remote[:64], group_key=payload.groupKey, payload=raw
+            )
+            s.add(note)
+            s.flush()
+            new = 0
+            for a in payload.alerts:
+                row = {
+                    "notification_id": note.id,
+                    "received_at": received_at,
+                    "fingerprint": a.fingerprint,
+                    "starts_at": a.startsAt,
+                    "status": a.status,
+                    "alert": a.model_dump(mode="json"),
+                }
+                result = s.execute(insert(AlertRow).values(**row).on_conflict_do_nothing())
+                new += result.rowcount or 0  # type: ignore[attr-defined]
+            return Stored(note.id, new, len(payload.alerts) - new)
+
+    def alerts_after(self, last_id: int, limit: int = 5000) -> list[tuple[int, datetime, Alert]]:
+        with self.session() as s:
+            rows = s.scalars(
+                select(AlertRow).where(AlertRow.id > last_id).order_by(AlertRow.id).limit(limit)
+            ).all()
+            return [(r.id, _utc(r.received_at), Alert.model_validate(r.alert)) for r in rows]
+
+    def notification_count(self) -> int:
+        with self.session() as s:
+            return len(s.scalars(select(Notification.id)).all())
+
+    # ---- decisions -------------------------------------------------------------------------
+    def record(self, decisions: list[Decision], detail: dict[str, Any] | None = None) -> list[int]:
+        ids = []
+        with self.session.begin() as s:
+            for d in decisions:
+                j = d.to_json()
+                row = DecisionRow(
+                    at=d.at,
+                    incident=d.incident,
+                    job=d.job,
+                    action=d.action,
+                    cause=d.cause,
+                    nodes=j["nodes"],
+                    exclude=j["exclude"],
+                    reason=d.reason,
+                    evidence=j["evidence"],
+                    guard=d.guard,
+                    mode=d.mode,
+                    state=d.state,
+                )
+                s.add(row)
+                s.flush()
+                s.add(
+                    DecisionEvent(
+                        decision_id=row.id,
+                        at=d.at,
+                        state=d.state,
+                        detail=detail or {"by": "engine"},
+                    )
+                )
+                ids.append(row.id)
+        return ids
+
+    def decisions(self, limit: int = 100) -> list[DecisionRow]:
+        with self.session() as s:
+            rows = s.scalars(select(DecisionRow).order_by(DecisionRow.id.desc()).limit(limit)).all()
+            return list(rows)
+
+    def decision(self, decision_id: int) -> tuple[DecisionRow, list[DecisionEvent]] | None:
+        with self.session() as s:
+            row = s.get(DecisionRow, decision_id)
+            if row is None:
+                return None
+            events = s.scalars(
+                select(DecisionEvent)
+                .where(DecisionEvent.decision_id == decision_id)
+                .order_by(DecisionEvent.id)
+            ).all()
+            return row, list(events)
+
+    def decided_incidents(self) -> set[str]:
+        with self.session() as s:
+            return set(s.scalars(select(DecisionRow.incident).distinct()).all())
+
+    def history(self, since: datetime) -> Iterator[PastAction]:
+        with self.session() as s:
+            for r in s.scalars(select(DecisionRow).where(DecisionRow.at >= since)):
+                if r.guard is None:
+                    yield PastAction(
+                        at=_utc(r.at),
+                        action=r.action,
+                        job=r.job,
+                        nodes=tuple(r.nodes),
+                        exclude=tuple(r.exclude),
+                        cause=r.cause,
+                    )
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # WAL: the webhook writes while the loop and the CLI read. synchronous=NORMAL keeps every
+    # committed transaction through a process crash (kill -9), which is what the 2xx promises.
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()

@@ -1,0 +1,1 @@
+"""The running service: its configuration, the live loop, the adapters it drives."""
