@@ -166,7 +166,7 @@ class Receiver:
             return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def receiver(lab_cfg: LabConfig) -> Iterator[Receiver]:
     r = Receiver(lab_cfg.receiver_port)
     yield r

@@ -1,0 +1,92 @@
+"""slurmedic serve against the lab: exporter -> Prometheus -> Alertmanager -> webhook -> ledger.
+
+Monitor mode (the lab's policy): the recommendation is recorded within seconds, and Slurm is
+left exactly as it was.
+"""
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from lab import manage, monitoring, processes
+from lab.config import LabConfig
+from lab.slurm import slurm
+from tests.lab.conftest import eventually, query, running_nodes
+from webhook.ledger.schema import DecisionRow
+from webhook.ledger.store import Ledger
+from webhook.service.config import load_config
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def ledger(lab_cfg: LabConfig) -> Iterator[Ledger]:
+    monitoring.start_slurmedic(lab_cfg)
+    yield Ledger(load_config(lab_cfg.slurmedic_config).database_url)
+    processes.stop(lab_cfg, "slurmedic")
+
+
+def decided(ledger: Ledger, incident: str) -> list[DecisionRow]:
+    return eventually(
+        lambda: [r for r in ledger.decisions(200) if r.incident == incident],
+        timeout=45,
+        what=f"decisions for incident {incident}",
+    )
+
+
+def slurm_state(cfg: LabConfig) -> tuple[str, str]:
+    nodes = slurm(cfg, "sinfo", "-h", "-N", "-o", "%N %t %E")
+    jobs = slurm(cfg, "squeue", "-h", "-o", "%i %t %N %r")
+    return nodes, jobs
+
+
+def test_xid79_is_recorded_as_drain_and_requeue_and_slurm_is_untouched(
+    lab_cfg: LabConfig, ledger: Ledger, submit: Callable[..., int], clean_faults: None
+) -> None:
+    job = submit(nodes=3)
+    nodes = running_nodes(lab_cfg, job)
+    eventually(
+        lambda: query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'), what="job mapped"
+    )
+    before = slurm_state(lab_cfg)
+    manage.inject_gpu(lab_cfg, "xid", nodes[1], 3, xid=79)
+    rows = decided(ledger, f"{job}.0")
+    by_action = {r.action: r for r in rows}
+    assert set(by_action) == {"drain", "requeue"}
+    assert by_action["drain"].nodes == [nodes[1]]
+    assert by_action["requeue"].exclude == [nodes[1]]
+    assert all(
+        r.cause == "gpu_hardware" and r.state == "recorded" and r.mode == "monitor" for r in rows
+    )
+    assert by_action["drain"].evidence[0]["alertname"] == "GpuXidNodeFault"
+    # Monitor mode never changes the scheduler.
+    assert slurm_state(lab_cfg) == before
+
+
+def test_the_silent_rank_of_an_nccl_hang_is_implicated(
+    lab_cfg: LabConfig, ledger: Ledger, submit: Callable[..., int]
+) -> None:
+    job = submit(nodes=3)
+    nodes = running_nodes(lab_cfg, job)
+    eventually(
+        lambda: query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'), what="job mapped"
+    )
+    manage.inject_job(lab_cfg, "hang", job, 1)
+    rows = decided(ledger, f"{job}.0")
+    by_action = {r.action: r for r in rows}
+    assert by_action["drain"].nodes == [nodes[1]], [(r.action, r.reason) for r in rows]
+    assert by_action["drain"].cause == "node_failure"
+    assert by_action["requeue"].exclude == [nodes[1]]
+
+
+def test_an_application_crash_stops_the_job_and_drains_nothing(
+    lab_cfg: LabConfig, ledger: Ledger, submit: Callable[..., int]
+) -> None:
+    job = submit(nodes=2)
+    running_nodes(lab_cfg, job)
+    eventually(
+        lambda: query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'), what="job mapped"
+    )
+    manage.inject_job(lab_cfg, "crash_cuda", job, 0)
+    rows = decided(ledger, f"{job}.0")
+    assert [(r.action, r.cause) for r in rows] == [("stop", "application")]

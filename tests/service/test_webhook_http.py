@@ -1,0 +1,226 @@
+"""The webhook over real HTTP: `slurmedic serve` (gunicorn) as operators run it.
+
+Auth, 400/401/413 with reasons, unknown fields, re-deliveries, and the 2xx promise: a
+notification is in the ledger before the answer (kill -9 right after it loses nothing).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from webhook.ledger.store import Ledger
+
+REAL = Path(__file__).resolve().parents[3] / "shared" / "reference" / "alertmanager"
+TOKEN = "s3cret-token-for-tests"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    db: str
+    proc: subprocess.Popen[bytes]
+
+    def post(
+        self,
+        body: Any,
+        *,
+        token: str | None = TOKEN,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> requests.Response:
+        h = {"Content-Type": "application/json", **(headers or {})}
+        if token is not None:
+            h["Authorization"] = f"Bearer {token}"
+        data = raw if raw is not None else json.dumps(body).encode()
+        return requests.post(f"{self.url}/api/v1/alerts", data=data, headers=h, timeout=10)
+
+
+def start_server(tmp: Path) -> Server:
+    port = free_port()
+    (tmp / "token").write_text(TOKEN + "\n")
+    (tmp / "password").write_text("hunter2\n")
+    db = f"sqlite:///{tmp / 'ledger.db'}"
+    config = {
+        "listen": f"127.0.0.1:{port}",
+        "database_url": db,
+        "max_body_bytes": 65536,
+        "auth": {
+            "bearer_token_file": str(tmp / "token"),
+            "basic_user": "alertmanager",
+            "basic_password_file": str(tmp / "password"),
+        },
+        "cluster": {"slurm_conf": str(tmp / "no-slurm.conf")},
+    }
+    (tmp / "config.yml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "webhook.cli", "serve", f"--config={tmp / 'config.yml'}"],
+        stdout=(tmp / "serve.out").open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return Server(url, db, proc)
+        except requests.RequestException:
+            time.sleep(0.1)
+    stop_server(proc)
+    raise AssertionError((tmp / "serve.out").read_text())
+
+
+def stop_server(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("serve"))
+    yield s
+    stop_server(s.proc)
+
+
+def payload(**label_overrides: str) -> dict[str, Any]:
+    p: dict[str, Any] = json.loads((REAL / "real-payload-firing.json").read_text())
+    p["alerts"][0]["labels"].update(label_overrides)
+    p["alerts"][0]["fingerprint"] = ""  # recomputed from the labels
+    return p
+
+
+def test_health_and_readiness(server: Server) -> None:
+    assert requests.get(f"{server.url}/healthz", timeout=5).json() == {"status": "ok"}
+    assert requests.get(f"{server.url}/readyz", timeout=5).json() == {"status": "ready"}
+
+
+@pytest.mark.parametrize("token", [None, "wrong", TOKEN[:-1], ""])
+def test_without_the_token_401(server: Server, token: str | None) -> None:
+    r = server.post(payload(), token=token)
+    assert r.status_code == 401
+    assert r.json()["reason"] == "missing or wrong credentials"
+    assert r.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_basic_auth(server: Server) -> None:
+    good = base64.b64encode(b"alertmanager:hunter2").decode()
+    bad = base64.b64encode(b"alertmanager:hunter3").decode()
+    assert (
+        server.post(
+            payload(node="gpu77"), token=None, headers={"Authorization": f"Basic {good}"}
+        ).status_code
+        == 200
+    )
+    assert (
+        server.post(payload(), token=None, headers={"Authorization": f"Basic {bad}"}).status_code
+        == 401
+    )
+    assert (
+        server.post(payload(), token=None, headers={"Authorization": "Basic !!!"}).status_code
+        == 401
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"{not json", "body is not JSON"),
+        (b"\xff\xfe", "body is not JSON"),
+        (b"[1, 2]", "body must be a JSON object"),
+        (json.dumps({"status": "firing"}).encode(), "alerts: Field required"),
+        (
+            json.dumps({"status": "firing", "alerts": []}).encode(),
+            "alerts: List should have at least 1 item",
+        ),
+        (json.dumps({**payload(), "status": "burning"}).encode(), "status: Input should be"),
+    ],
+)
+def test_bad_bodies_400_with_a_reason(server: Server, raw: bytes, reason: str) -> None:
+    r = server.post(None, raw=raw)
+    assert r.status_code == 400
+    assert reason in r.json()["reason"]
+
+
+def test_a_bad_alert_field_is_named(server: Server) -> None:
+    p = payload()
+    p["alerts"][0]["startsAt"] = "yesterday"
+    r = server.post(p)
+    assert r.status_code == 400 and r.json()["reason"].startswith("alerts.0.startsAt:")
+    del p["alerts"][0]["labels"]
+    p["alerts"][0]["startsAt"] = "2026-11-29T22:07:04.696Z"
+    assert server.post(p).json()["reason"].startswith("alerts.0.labels: Field required")
+
+
+def test_too_large_413(server: Server) -> None:
+    p = payload()
+    p["alerts"][0]["annotations"]["description"] = "x" * 70000
+    r = server.post(p)
+    assert r.status_code == 413
+    assert r.json()["reason"]
+
+
+def test_unknown_fields_are_accepted(server: Server) -> None:
+    p = payload(node="gpu42")
+    p["notification_reason"] = "new"  # Alertmanager >= 0.32
+    p["alerts"][0]["somethingNew"] = {"x": 1}
+    assert server.post(p).status_code == 200
+
+
+def test_redeliveries_change_nothing(server: Server) -> None:
+    p = payload(node="gpu31", alertname="RedeliveryTest")
+    first = server.post(p).json()
+    again = server.post(copy.deepcopy(p)).json()  # an HA peer, or repeat_interval
+    assert (first["new"], first["duplicates"]) == (1, 0)
+    assert (again["new"], again["duplicates"]) == (0, 1)
+    ledger = Ledger(server.db)
+    rows = [
+        a for _, _, a in ledger.alerts_after(0) if a.labels.get("alertname") == "RedeliveryTest"
+    ]
+    assert len(rows) == 1
+    # A resolved notification of the same alert is a new event.
+    resolved = copy.deepcopy(p)
+    resolved["status"] = resolved["alerts"][0]["status"] = "resolved"
+    resolved["alerts"][0]["endsAt"] = "2026-11-29T22:09:04.696Z"
+    assert server.post(resolved).json()["new"] == 1
+
+
+def test_the_2xx_means_it_is_in_the_ledger(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    try:
+        p = payload(node="gpu55", alertname="KillNineTest")
+        r = server.post(p)
+        assert r.status_code == 200
+    finally:
+        stop_server(server.proc, signal.SIGKILL)  # no graceful shutdown, no flush
+    alerts = [a for _, _, a in Ledger(server.db).alerts_after(0)]
+    assert [a.labels["alertname"] for a in alerts] == ["KillNineTest"]
+    assert Ledger(server.db).notification_count() == 1
