@@ -174,17 +174,19 @@ def build_view(spec: ClusterSpec) -> ClusterView:
         for n in _expand(group.names):
             view.nodes[n] = Node(n, group.partition, group.state, group.reason, switch_of.get(n))
     for j in spec.jobs:
-        view.jobs[j.id] = Job(
-            id=j.id,
-            nodes=tuple(_expand(j.nodes)) if j.nodes else (),
-            partition=j.partition,
-            name=j.name,
-            user=j.user,
-            state=j.state,
-            requeue=j.requeue,
-            restarts=j.restarts,
-            comment=j.comment,
-            started=j.started,
+        view.set_job(
+            Job(
+                id=j.id,
+                nodes=tuple(_expand(j.nodes)) if j.nodes else (),
+                partition=j.partition,
+                name=j.name,
+                user=j.user,
+                state=j.state,
+                requeue=j.requeue,
+                restarts=j.restarts,
+                comment=j.comment,
+                started=j.started,
+            )
         )
     return view
 
@@ -205,7 +207,7 @@ def apply_change(view: ClusterView, change: ClusterChange) -> None:
         updates = {k: v for k, v in jc.model_dump(exclude={"id"}).items() if v is not None}
         if "nodes" in updates:
             updates["nodes"] = tuple(_expand(updates["nodes"]))
-        view.jobs[jc.id] = replace(old_job, **updates)
+        view.set_job(replace(old_job, **updates))
 
 
 def run(scenario: Scenario) -> list[Decision]:

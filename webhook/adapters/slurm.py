@@ -85,16 +85,18 @@ def build_view(
         )
     for j in jobs:
         started = j.get("start_time") or 0
-        view.jobs[int(j["job_id"])] = Job(
-            id=int(j["job_id"]),
-            nodes=_expand(str(j.get("nodes") or "")),
-            partition=str(j.get("partition", "")),
-            name=str(j.get("name", "")),
-            user=str(j.get("user_name", "")),
-            state=str(j.get("job_state", "")),
-            requeue=bool(j.get("requeue", True)),
-            restarts=int(j.get("restart_cnt", 0)),
-            comment=str(j.get("comment", "")),
-            started=datetime.fromtimestamp(started, UTC) if started else None,
+        view.set_job(
+            Job(
+                id=int(j["job_id"]),
+                nodes=_expand(str(j.get("nodes") or "")),
+                partition=str(j.get("partition", "")),
+                name=str(j.get("name", "")),
+                user=str(j.get("user_name", "")),
+                state=str(j.get("job_state", "")),
+                requeue=bool(j.get("requeue", True)),
+                restarts=int(j.get("restart_cnt", 0)),
+                comment=str(j.get("comment", "")),
+                started=datetime.fromtimestamp(started, UTC) if started else None,
+            )
         )
     return view

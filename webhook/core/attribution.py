@@ -80,7 +80,7 @@ def attribute(
         by_signal.setdefault(e.signal, []).append(e)
 
     hardware = [e for s in HARDWARE_ORDER for e in by_signal.get(s, []) if e.node]
-    shared, shared_why = shared_nodes(view, all_evidence, rules, now)
+    shared, shared_why = shared_nodes(view, all_evidence, rules, now) if hardware else (set(), "")
     if hardware and {e.node for e in hardware} & shared:
         return Attribution(
             "shared_infrastructure",

@@ -56,18 +56,28 @@ class ClusterView:
     nodes: dict[str, Node] = field(default_factory=dict)
     jobs: dict[int, Job] = field(default_factory=dict)
     switches: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    _by_node: dict[str, list[Job]] | None = field(default=None, repr=False, compare=False)
+
+    def set_job(self, job: Job) -> None:
+        self.jobs[job.id] = job
+        self._by_node = None
 
     def valid_node(self, name: str) -> bool:
         return bool(NODE_NAME.match(name)) and name in self.nodes
 
     def jobs_on(self, node: str, at: datetime | None = None) -> list[Job]:
         """Jobs holding `node` (that had started by `at`, when given)."""
+        if self._by_node is None:
+            index: dict[str, list[Job]] = {}
+            for j in self.jobs.values():
+                if j.state in ACTIVE_STATES:
+                    for n in j.nodes:
+                        index.setdefault(n, []).append(j)
+            self._by_node = index
         return [
             j
-            for j in self.jobs.values()
-            if node in j.nodes
-            and j.state in ACTIVE_STATES
-            and (at is None or j.started is None or j.started <= at)
+            for j in self._by_node.get(node, [])
+            if at is None or j.started is None or j.started <= at
         ]
 
     def switch_of(self, node: str) -> str | None:

@@ -45,27 +45,39 @@ class Ledger:
     def store(
         self, raw: dict[str, Any], payload: Payload, received_at: datetime, remote: str = ""
     ) -> Stored:
-        """Persist one notification and its alert events in one transaction (before the 2xx)."""
+        """Persist one notification and its alert events in one transaction (before the 2xx).
+
+        Two statements whatever the payload's size: the notification, then every alert event
+        in one batch that skips the events already stored (re-deliveries).
+        """
         insert = (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert
-        with self.session.begin() as s:
-            note = Notification(
-                received_at=received_at, remote=remote[:64], group_key=payload.groupKey, payload=raw
-            )
-            s.add(note)
-            s.flush()
-            new = 0
-            for a in payload.alerts:
-                row = {
-                    "notification_id": note.id,
+        with self.engine.begin() as conn:
+            note_id = conn.execute(
+                insert(Notification)
+                .values(
+                    received_at=received_at,
+                    remote=remote[:64],
+                    group_key=payload.groupKey,
+                    payload=raw,
+                )
+                .returning(Notification.id)
+            ).scalar_one()
+            rows = [
+                {
+                    "notification_id": note_id,
                     "received_at": received_at,
                     "fingerprint": a.fingerprint,
                     "starts_at": a.startsAt,
                     "status": a.status,
-                    "alert": a.model_dump(mode="json"),
+                    # The alert as received (already JSON), with the fingerprint filled in.
+                    "alert": {**raw_alert, "fingerprint": a.fingerprint},
                 }
-                result = s.execute(insert(AlertRow).values(**row).on_conflict_do_nothing())
-                new += result.rowcount or 0  # type: ignore[attr-defined]
-            return Stored(note.id, new, len(payload.alerts) - new)
+                for a, raw_alert in zip(payload.alerts, raw["alerts"], strict=True)
+            ]
+            # One executemany of one statement: the DB-API sums the rows it inserted.
+            result = conn.execute(insert(AlertRow).on_conflict_do_nothing(), rows)
+            new = max(0, result.rowcount)
+        return Stored(note_id, new, len(payload.alerts) - new)
 
     def alerts_after(self, last_id: int, limit: int = 5000) -> list[tuple[int, datetime, Alert]]:
         with self.session() as s:
