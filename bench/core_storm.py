@@ -148,7 +148,8 @@ def main() -> None:
     decided = sum(1 for i in engine.incidents.values() if i.decided)
     print(
         f"{len(alerts):,} alerts in {len(deliveries):,} deliveries "
-        f"({len(deliveries) - len(payloads)} re-deliveries) over {args.nodes:,} nodes and {args.jobs} jobs"
+        f"({len(deliveries) - len(payloads)} re-deliveries) "
+        f"over {args.nodes:,} nodes and {args.jobs} jobs"
     )
     print(
         f"ingest {t_ingest:.3f}s = {len(alerts) / t_ingest:,.0f} alerts/s; "
