@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from webhook.core.alerts import Alert, Payload, wrap
-from webhook.core.cluster import NODE_NAME, ClusterView, Job, Node
+from webhook.core.cluster import ENDED_STATES, NODE_NAME, ClusterView, Job, Node
 from webhook.core.decisions import Decision, PastAction
 from webhook.core.engine import Engine
 from webhook.core.policy import PolicyError, describe, load_policy
@@ -191,7 +191,7 @@ def build_view(spec: ClusterSpec) -> ClusterView:
     return view
 
 
-def apply_change(view: ClusterView, change: ClusterChange) -> None:
+def apply_change(view: ClusterView, change: ClusterChange, at: datetime) -> None:
     for group in change.nodes:
         for n in _expand(group.names):
             old = view.nodes.get(n)
@@ -207,7 +207,10 @@ def apply_change(view: ClusterView, change: ClusterChange) -> None:
         updates = {k: v for k, v in jc.model_dump(exclude={"id"}).items() if v is not None}
         if "nodes" in updates:
             updates["nodes"] = tuple(_expand(updates["nodes"]))
-        view.set_job(replace(old_job, **updates))
+        new_job = replace(old_job, **updates)
+        if new_job.state in ENDED_STATES and old_job.state not in ENDED_STATES:
+            new_job = replace(new_job, ended=at)  # the scenario's clock says when it ended
+        view.set_job(new_job)
 
 
 def run(scenario: Scenario) -> list[Decision]:
@@ -237,7 +240,7 @@ def run(scenario: Scenario) -> list[Decision]:
         if queue and (due is None or queue[0][0] <= due):
             at, _, event = heapq.heappop(queue)
             if event.cluster is not None:
-                apply_change(engine.view, event.cluster)
+                apply_change(engine.view, event.cluster, at)
             else:
                 payload = event.payload or wrap(event.alerts or [])
                 engine.receive(payload, at)

@@ -15,7 +15,7 @@ from typing import Any
 
 import hostlist
 
-from webhook.core.cluster import NODE_NAME, ClusterView, Job, Node
+from webhook.core.cluster import ENDED_STATES, NODE_NAME, ClusterView, Job, Node
 
 TIMEOUT_S = 10.0
 
@@ -85,6 +85,9 @@ def build_view(
         )
     for j in jobs:
         started = j.get("start_time") or 0
+        state = str(j.get("job_state", ""))
+        # end_time of a running job is its time limit; only an ended job's is when it ended.
+        ended = j.get("end_time") or 0 if state in ENDED_STATES else 0
         view.set_job(
             Job(
                 id=int(j["job_id"]),
@@ -92,11 +95,12 @@ def build_view(
                 partition=str(j.get("partition", "")),
                 name=str(j.get("name", "")),
                 user=str(j.get("user_name", "")),
-                state=str(j.get("job_state", "")),
+                state=state,
                 requeue=bool(j.get("requeue", True)),
                 restarts=int(j.get("restart_cnt", 0)),
                 comment=str(j.get("comment", "")),
                 started=datetime.fromtimestamp(started, UTC) if started else None,
+                ended=datetime.fromtimestamp(ended, UTC) if ended else None,
             )
         )
     return view

@@ -25,6 +25,9 @@ class Attribution:
     cause: str
     nodes: tuple[str, ...]  # implicated: to drain, and to exclude from the successor
     reason: str
+    # Set when a shared cause covers some of the incident's nodes while hardware evidence
+    # implicates others: those are still drained, and the incident goes to a human.
+    shared: str = ""
 
 
 def names(nodes: Iterable[str]) -> str:
@@ -81,12 +84,12 @@ def attribute(
 
     hardware = [e for s in HARDWARE_ORDER for e in by_signal.get(s, []) if e.node]
     shared, shared_why = shared_nodes(view, all_evidence, rules, now) if hardware else (set(), "")
-    if hardware and {e.node for e in hardware} & shared:
-        return Attribution(
-            "shared_infrastructure",
-            (),
-            f"{shared_why}: a shared cause, not bad nodes; nothing is drained",
-        )
+    shared_reason = f"{shared_why}: a shared cause, not bad nodes"
+    covered = {e.node for e in hardware} & shared
+    # Rule 5 overrides rule 1 for the nodes it covers, and only for those.
+    hardware = [e for e in hardware if e.node not in shared]
+    if covered and not hardware:
+        return Attribution("shared_infrastructure", (), f"{shared_reason}; nothing is drained")
 
     # 1. Hardware evidence implicates its nodes; the strongest kind names the cause.
     if hardware:
@@ -97,18 +100,14 @@ def attribute(
         others = [n for n in nodes if n != first.node]
         if others:
             reason += f"; hardware evidence on {names(others)} too"
-        return Attribution(cause, nodes, reason)
+        return Attribution(cause, nodes, reason, shared=shared_reason if covered else "")
 
     # 2. The silent node: every other node of the job logged an NCCL timeout.
     timeouts = {e.node for e in by_signal.get("nccl_timeout", []) if e.node}
     spoke = timeouts | {e.node for s in APPLICATION for e in by_signal.get(s, []) if e.node}
     silent = tuple(sorted(set(job_nodes) - spoke))
-    if (
-        timeouts
-        and silent
-        and set(job_nodes) - set(silent) == timeouts
-        and len(silent) < len(job_nodes) / 2
-    ):
+    # Exactly one: several silent nodes at once point at no single node (a switch, power).
+    if timeouts and len(silent) == 1 and set(job_nodes) - set(silent) == timeouts:
         return Attribution(
             "node_failure",
             silent,

@@ -13,6 +13,24 @@ from typing import Any
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 JOB_ID = re.compile(r"^[0-9]{1,10}$")
 ACTIVE_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"}
+ENDED_STATES = {
+    "NODE_FAIL",
+    "FAILED",
+    "TIMEOUT",
+    "CANCELLED",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "OUT_OF_MEMORY",
+    "DEADLINE",
+}
+
+
+def _ran_at(job: Job, at: datetime) -> bool:
+    if job.started is not None and job.started > at:
+        return False
+    if job.state in ACTIVE_STATES:
+        return True
+    return job.ended is None or job.ended >= at
 
 
 @dataclass(frozen=True)
@@ -36,6 +54,7 @@ class Job:
     restarts: int = 0
     comment: str = ""
     started: datetime | None = None
+    ended: datetime | None = None
 
     @property
     def attempt(self) -> str:
@@ -66,18 +85,22 @@ class ClusterView:
         return bool(NODE_NAME.match(name)) and name in self.nodes
 
     def jobs_on(self, node: str, at: datetime | None = None) -> list[Job]:
-        """Jobs holding `node` (that had started by `at`, when given)."""
+        """Jobs that held `node` at `at` (now, without `at`).
+
+        A job that has ended since (NODE_FAIL, FAILED, ...) still counts when it ended at or
+        after `at`, or when Slurm did not say when: the alert may arrive after Slurm noticed.
+        """
         if self._by_node is None:
             index: dict[str, list[Job]] = {}
             for j in self.jobs.values():
-                if j.state in ACTIVE_STATES:
+                if j.state in ACTIVE_STATES or j.state in ENDED_STATES:
                     for n in j.nodes:
                         index.setdefault(n, []).append(j)
             self._by_node = index
         return [
             j
             for j in self._by_node.get(node, [])
-            if at is None or j.started is None or j.started <= at
+            if (j.state in ACTIVE_STATES if at is None else _ran_at(j, at))
         ]
 
     def switch_of(self, node: str) -> str | None:

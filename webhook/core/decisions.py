@@ -87,6 +87,8 @@ def plan(attr: Attribution, job: Job | None) -> list[tuple[str, str | None]]:
     actions: list[tuple[str, str | None]] = []
     if attr.cause in DRAIN_CAUSES and attr.nodes:
         actions.append(("drain", None))
+    if attr.shared:  # some nodes drained, the rest is a shared cause: a human decides the job
+        return [*actions, ("escalate", None)]
     if job is None:  # a node incident: no job to touch
         if not actions and attr.cause in ("shared_infrastructure", "unknown"):
             return [("escalate", None)]
@@ -140,6 +142,15 @@ def decide(
                 out += _requeue(base, attr, job, policy, guards, now)
             else:
                 out.append(replace(base, action="stop"))
+        elif action == "escalate" and attr.shared:
+            out.append(
+                replace(
+                    base,
+                    action="escalate",
+                    cause="shared_infrastructure",
+                    reason=f"{attr.shared}; {names(attr.nodes)} drained apart",
+                )
+            )
         else:
             out.append(replace(base, action=action))
     return [_with_mode(d, policy) for d in _one_per_action(out)]

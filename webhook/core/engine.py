@@ -15,7 +15,7 @@ from webhook.core.alerts import Payload
 from webhook.core.attribution import attribute
 from webhook.core.cluster import ClusterView, Job
 from webhook.core.decisions import Decision, GuardState, PastAction, decide
-from webhook.core.evidence import NODE_LEVEL, Evidence, from_alert
+from webhook.core.evidence import HARDWARE, Evidence, from_alert
 from webhook.core.policy import Policy
 
 
@@ -85,13 +85,14 @@ class Engine:
         if ev.job is not None:
             job = self.view.jobs.get(ev.job)
             return [self._incident(self._job_key(ev.job, job), ev.job, None, at)]
-        if ev.node is None or ev.signal not in NODE_LEVEL:
+        if ev.node is None:
             return []
+        # No job label: the job(s) that ran on the node when the alert started.
         jobs = self.view.jobs_on(ev.node, ev.starts_at)
         if jobs:
             return [self._incident(j.attempt, j.id, None, at) for j in jobs]
-        if ev.signal == "straggler":
-            return []  # a slow idle node delays nobody
+        if ev.signal not in HARDWARE:
+            return []  # nothing ran there: only evidence against the node itself matters
         return [self._incident(f"node:{ev.node}", None, ev.node, at)]
 
     @staticmethod

@@ -13,8 +13,6 @@ from webhook.core.cluster import JOB_ID, ClusterView
 HARDWARE = {"gpu_hw": "gpu_hardware", "node_down": "node_failure", "network": "network"}
 APPLICATION = frozenset({"gpu_app", "app_error"})
 SIGNALS = frozenset({*HARDWARE, *APPLICATION, "nccl_timeout", "hang", "straggler"})
-# Node-level alerts without a job label join every job on the node (and idle nodes' incidents).
-NODE_LEVEL = frozenset({*HARDWARE, "straggler"})
 
 
 def node_label(labels: dict[str, str]) -> str | None:
