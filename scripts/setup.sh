@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager
-          prometheus-pushgateway mtail python3 python3-venv)
+          prometheus-pushgateway mtail postgresql python3 python3-venv)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

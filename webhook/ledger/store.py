@@ -74,9 +74,10 @@ class Ledger:
                 }
                 for a, raw_alert in zip(payload.alerts, raw["alerts"], strict=True)
             ]
-            # One executemany of one statement: the DB-API sums the rows it inserted.
-            result = conn.execute(insert(AlertRow).on_conflict_do_nothing(), rows)
-            new = max(0, result.rowcount)
+            # One batch; RETURNING yields only the rows inserted (rowcount of a batch is not
+            # portable across drivers).
+            stmt = insert(AlertRow).on_conflict_do_nothing().returning(AlertRow.id)
+            new = len(conn.execute(stmt, rows).all())
         return Stored(note_id, new, len(payload.alerts) - new)
 
     def alerts_after(self, last_id: int, limit: int = 5000) -> list[tuple[int, datetime, Alert]]:
