@@ -14,6 +14,7 @@ import pytest
 
 from webhook.core.alerts import Payload
 from webhook.core.decisions import Decision
+from webhook.core.engine import Incident
 from webhook.ledger.store import Ledger
 
 PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
@@ -74,7 +75,7 @@ def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Ledger:
     url = request.getfixturevalue("postgres_url")
     ledger = Ledger(url)
     with ledger.engine.begin() as conn:  # a clean slate per test
-        for table in ("decision_events", "decisions", "alerts", "notifications"):
+        for table in ("decision_events", "decisions", "incidents", "alerts", "notifications"):
             conn.exec_driver_sql(f"TRUNCATE {table} RESTART IDENTITY CASCADE")
     return ledger
 
@@ -124,7 +125,8 @@ def test_decisions_and_their_events(ledger: Ledger) -> None:
         nodes=("gpu01",),
         evidence=({"alertname": "GpuXidNodeFault", "node": "gpu01"},),
     )
-    (decision_id,) = ledger.record([d])
+    incident = Incident(key="7.0", job=7, node=None, opened_at=T - timedelta(seconds=20))
+    (decision_id,) = ledger.record([d], [incident])
     row, events = ledger.decision(decision_id)  # type: ignore[misc]
     assert (row.action, row.nodes, row.state, row.incident) == (
         "drain",
@@ -134,5 +136,11 @@ def test_decisions_and_their_events(ledger: Ledger) -> None:
     )
     assert [e.state for e in events] == ["recorded"]
     assert ledger.decided_incidents() == {"7.0"}
+    with ledger.session() as s:
+        from webhook.ledger.schema import IncidentRow
+
+        inc = s.get(IncidentRow, "7.0")
+        assert inc is not None and inc.job == 7
+        assert inc.decided_at.replace(tzinfo=UTC) == T  # SQLite hands back naive UTC
     assert [h.nodes for h in ledger.history(T - timedelta(hours=1))] == [("gpu01",)]
     assert ledger.decision(decision_id + 1) is None

@@ -40,6 +40,18 @@ class AlertRow(Base):
     alert: Mapped[dict[str, Any]]
 
 
+class IncidentRow(Base):
+    """One failure of one job attempt (`<job>.<restarts>`), or of one idle node (`node:<name>`)."""
+
+    __tablename__ = "incidents"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    node: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    decided_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    evidence: Mapped[list[Any]]
+
+
 class DecisionRow(Base):
     __tablename__ = "decisions"
     __table_args__ = (Index("ix_decision_incident", "incident"),)

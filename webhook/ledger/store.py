@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -13,7 +13,15 @@ from sqlalchemy.orm import sessionmaker
 
 from webhook.core.alerts import Alert, Payload
 from webhook.core.decisions import Decision, PastAction
-from webhook.ledger.schema import AlertRow, Base, DecisionEvent, DecisionRow, Notification
+from webhook.core.engine import Incident
+from webhook.ledger.schema import (
+    AlertRow,
+    Base,
+    DecisionEvent,
+    DecisionRow,
+    IncidentRow,
+    Notification,
+)
 
 
 def _utc(dt: datetime) -> datetime:
@@ -92,9 +100,29 @@ class Ledger:
             return len(s.scalars(select(Notification.id)).all())
 
     # ---- decisions -------------------------------------------------------------------------
-    def record(self, decisions: list[Decision], detail: dict[str, Any] | None = None) -> list[int]:
+    def record(
+        self,
+        decisions: list[Decision],
+        incidents: Sequence[Incident] = (),
+        detail: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Decisions, their first state and the incidents they decide, in one transaction."""
         ids = []
         with self.session.begin() as s:
+            for inc in incidents:
+                s.merge(
+                    IncidentRow(
+                        key=inc.key,
+                        job=inc.job,
+                        node=inc.node,
+                        opened_at=inc.opened_at,
+                        decided_at=max(
+                            (d.at for d in decisions if d.incident == inc.key),
+                            default=inc.opened_at,
+                        ),
+                        evidence=[e.record() for e in inc.evidence],
+                    )
+                )
             for d in decisions:
                 j = d.to_json()
                 row = DecisionRow(
@@ -143,7 +171,8 @@ class Ledger:
 
     def decided_incidents(self) -> set[str]:
         with self.session() as s:
-            return set(s.scalars(select(DecisionRow.incident).distinct()).all())
+            keys = set(s.scalars(select(IncidentRow.key)).all())
+            return keys | set(s.scalars(select(DecisionRow.incident).distinct()).all())
 
     def history(self, since: datetime) -> Iterator[PastAction]:
         with self.session() as s:

@@ -74,7 +74,8 @@ class LiveLoop:
             pass
         decisions = self.engine.tick(self.clock())
         if decisions:
-            self.ledger.record(decisions)
+            keys = dict.fromkeys(d.incident for d in decisions)
+            self.ledger.record(decisions, [self.engine.incidents[k] for k in keys])
             for d in decisions:
                 log.info("%s %s %s %s: %s", d.incident, d.action, d.state, d.cause, d.reason)
         return decisions
