@@ -26,7 +26,8 @@ import yaml
 
 from webhook.ledger.store import Ledger
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "reference" / "alertmanager"
+# Captured from Alertmanager 0.25 (shared/reference/alertmanager/), kept with the tests.
+REAL = Path(__file__).resolve().parents[1] / "data" / "alertmanager"
 TOKEN = "s3cret-token-for-tests"
 
 

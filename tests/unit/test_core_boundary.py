@@ -15,7 +15,8 @@ from webhook.core.evidence import from_alert, node_label
 from webhook.core.policy import PolicyError, load_policy
 
 REPO = Path(__file__).resolve().parents[2]
-REAL = REPO.parent / "shared" / "reference" / "alertmanager"
+# Captured from Alertmanager 0.25 (shared/reference/alertmanager/), kept with the tests.
+REAL = REPO / "tests" / "data" / "alertmanager"
 T = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
@@ -125,9 +126,7 @@ def run_replay(path: Path) -> subprocess.CompletedProcess[str]:
 def test_invalid_scenarios_exit_2_with_one_line_naming_the_field(
     tmp_path: Path, edit, field: str
 ) -> None:  # type: ignore[no-untyped-def]
-    spec = yaml.safe_load(
-        (REPO.parent / "shared" / "scenarios" / "xid79-one-node.yaml").read_text()
-    )
+    spec = yaml.safe_load((REPO / "tests" / "data" / "xid79-one-node.yaml").read_text())
     edit(spec)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(spec))
