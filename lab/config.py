@@ -56,7 +56,14 @@ class LabConfig:
     @classmethod
     def from_env(cls, run_dir: Path | str | None = None) -> LabConfig:
         rd = run_dir or os.environ.get(MARKER_ENV) or REPO_ROOT / "run" / "lab"
-        base = int(os.environ.get("SLURMEDIC_LAB_PORT_BASE", DEFAULT_PORT_BASE))
+        raw_base = os.environ.get("SLURMEDIC_LAB_PORT_BASE", str(DEFAULT_PORT_BASE))
+        if not raw_base.isdigit() or not 1024 <= int(raw_base) <= 31000:
+            # The lab takes base+1 .. base+903; above 32767 the kernel hands out ephemeral
+            # ports, and a client's source port could take one of ours.
+            raise ValueError(
+                f"SLURMEDIC_LAB_PORT_BASE must be a number from 1024 to 31000, not {raw_base!r}"
+            )
+        base = int(raw_base)
         host_label = os.environ.get("SLURMEDIC_LAB_DCGM_HOST_LABEL", "Hostname")
         if host_label not in ("Hostname", "hostname"):
             raise ValueError(

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.lab
 
 
 def test_up_up_down_leaves_nothing_running(tmp_path: Path) -> None:
-    cfg = LabConfig(run_dir=tmp_path / "lab", port_base=37000, dcgm_host_label="hostname")
+    cfg = LabConfig(run_dir=tmp_path / "lab", port_base=30000, dcgm_host_label="hostname")
     try:
         manage.up(cfg)
         pids = manage.running(cfg)
@@ -50,7 +50,7 @@ def test_up_up_down_leaves_nothing_running(tmp_path: Path) -> None:
 
 
 def test_a_taken_port_is_named(tmp_path: Path) -> None:
-    cfg = LabConfig(run_dir=tmp_path / "lab", port_base=38000)
+    cfg = LabConfig(run_dir=tmp_path / "lab", port_base=31000)
     with socket.socket() as s:
         s.bind(("127.0.0.1", cfg.prometheus_port))
         s.listen()

@@ -61,3 +61,12 @@ def test_host_label_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> Non
         LabConfig.from_env()
     monkeypatch.setenv("SLURMEDIC_LAB_DCGM_HOST_LABEL", "hostname")
     assert LabConfig.from_env().dcgm_host_label == "hostname"
+
+
+@pytest.mark.parametrize("base", ["40000", "80", "lots"])
+def test_port_base_stays_below_the_ephemeral_range(
+    monkeypatch: pytest.MonkeyPatch, base: str
+) -> None:
+    monkeypatch.setenv("SLURMEDIC_LAB_PORT_BASE", base)
+    with pytest.raises(ValueError, match="from 1024 to 31000"):
+        LabConfig.from_env()
