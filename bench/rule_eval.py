@@ -31,7 +31,7 @@ from lab.dcgm_exporter import COUNTERS, GAUGES, NodeExporter, _labels, gpu_value
 from lab.faults import GpuFault
 from webhook.rules.render import RULES_DIR
 
-PORT_BASE = 47000
+PORT_BASE = 28000  # below the ephemeral range, clear of the labs (17000, 27000, 30000, 31000)
 NODES_PER_TARGET = 128
 
 

@@ -78,12 +78,24 @@ def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60
 
     if not wait_until(decided, timeout, 0.3):
         raise LabError(f"slurmedic recorded no decision for incident {incident} in {timeout:.0f}s")
+    decided_after = time.monotonic() - t0
+
+    def dry_runs() -> bool:
+        found = [ledger.decision(r.id) for r in rows]
+        return all(f and any("dry_run" in e.detail for e in f[1]) for f in found)
+
+    wait_until(dry_runs, timeout, 0.3)
     for r in sorted(rows, key=lambda r: r.id):
         target = ", ".join(r.nodes) or (f"excluding {', '.join(r.exclude)}" if r.exclude else "")
         console.print(f"  [bold]{r.action}[/bold] {target}  ({r.cause}, {r.mode}: {r.state})")
+        found = ledger.decision(r.id)
+        for e in found[1] if found else []:
+            for cmd in e.detail.get("dry_run", {}).get("commands", []):
+                console.print(f"      would run: {cmd}", markup=False, highlight=False)
     console.print(f"  reason: {rows[0].reason}")
     console.print(
-        f"  {time.monotonic() - t0:.1f}s from the fault; Slurm was not touched (monitor mode)."
+        f"  decided {decided_after:.1f}s after the fault (the lab's settle window is 5 s); Slurm "
+        "was not touched: monitor mode runs the playbooks in check mode only."
     )
     console.print("  .venv/bin/slurmedic decisions list --config " + str(cfg.slurmedic_config))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -97,14 +98,16 @@ def slurmedic_config(cfg: LabConfig) -> dict[str, Any]:
     }
 
 
-def start_slurmedic(cfg: LabConfig) -> None:
-    """Run `slurmedic serve` against the lab, as a lab process (stopped by `lab down`)."""
+def start_slurmedic(cfg: LabConfig, policy: Path | None = None) -> None:
+    """Run `slurmedic serve` against the lab, as a lab process (stopped by `lab down`).
+
+    `policy` replaces the lab's monitor-mode policy (etc/policy.yml), e.g. to enforce.
+    """
     (cfg.run_dir / "slurmedic").mkdir(parents=True, exist_ok=True)
-    processes.start(
-        cfg,
-        "slurmedic",
-        [cfg.python, "-m", "webhook.cli", "serve", f"--config={cfg.slurmedic_config}"],
-    )
+    argv = [cfg.python, "-m", "webhook.cli", "serve", f"--config={cfg.slurmedic_config}"]
+    if policy is not None:
+        argv.append(f"--policy={policy}")
+    processes.start(cfg, "slurmedic", argv)
     url = f"{cfg.url(cfg.receiver_port)}/readyz"
     if not processes.wait_until(lambda: requests.get(url, timeout=1).status_code == 200, 20, 0.2):
         raise LabError(f"slurmedic is not ready at {url}; see {cfg.logs}/slurmedic.out")

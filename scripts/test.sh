@@ -17,5 +17,7 @@ slurmedic rules check
 promtool check rules alert_rules/*.rules.yml
 promtool test rules alert_rules/tests/*.test.yml
 amtool check-config alert_rules/alertmanager.yml
+echo "== ansible-lint (production profile)"
+ansible-lint --offline playbooks/ inventory/
 echo "== pytest"
 pytest "$@"

@@ -59,6 +59,20 @@ def test_xid79_is_recorded_as_drain_and_requeue_and_slurm_is_untouched(
         r.cause == "gpu_hardware" and r.state == "recorded" and r.mode == "monitor" for r in rows
     )
     assert by_action["drain"].evidence[0]["alertname"] == "GpuXidNodeFault"
+
+    # The check-mode run is recorded with the exact commands enforce mode would run.
+    def dry_run(row: DecisionRow) -> list[str]:
+        _, events = ledger.decision(row.id)  # type: ignore[misc]
+        return next((e.detail["dry_run"]["commands"] for e in events if "dry_run" in e.detail), [])
+
+    assert eventually(lambda: dry_run(by_action["drain"]), what="dry run of the drain") == [
+        f'scontrol update nodename={nodes[1]} state=drain reason="slurmedic: {job}.0 gpu_hardware"'
+    ]
+    assert eventually(lambda: dry_run(by_action["requeue"]), what="dry run of the requeue") == [
+        f"scontrol requeuehold {job}",
+        f"scontrol update jobid={job} ExcNodeList={nodes[1]}",
+        f"scontrol release {job}",
+    ]
     # Monitor mode never changes the scheduler.
     assert slurm_state(lab_cfg) == before
 

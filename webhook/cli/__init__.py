@@ -18,6 +18,7 @@ def _register() -> None:
     from webhook.cli.decisions import decisions
     from webhook.cli.policy import policy
     from webhook.cli.replay import replay
+    from webhook.cli.review import approve, reject, review
     from webhook.cli.rules import rules
     from webhook.cli.serve import serve
 
@@ -27,6 +28,9 @@ def _register() -> None:
     main.add_command(policy)
     main.add_command(decisions)
     main.add_command(serve)
+    main.add_command(review)
+    main.add_command(approve)
+    main.add_command(reject)
 
 
 _register()

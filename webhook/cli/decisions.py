@@ -118,5 +118,16 @@ def show(config_path: Path | None, decision_id: int, as_json: bool) -> None:
             e.get("fingerprint", ""),
         )
     c.print(t)
-    for e in data["events"]:  # type: ignore[attr-defined]
-        c.print(f"  {e['at']}  {e['state']}  {json.dumps(e['detail'])}")
+    c.print("history:")
+    for e in events:
+        run = e.detail.get("dry_run") or e.detail.get("run")
+        who = e.detail.get("by", "")
+        extra = f" ({e.detail['reason']})" if "reason" in e.detail else ""
+        c.print(f"  {e.at.strftime('%Y-%m-%dT%H:%M:%SZ')}  {e.state:18} by {who}{extra}")
+        if run:
+            kind = "would run (check mode)" if e.detail.get("dry_run") else "ran"
+            c.print(f"    {run['playbook']}: {run['status']}; {kind}:")
+            for cmd in run["commands"] or ["(nothing: already done)"]:
+                c.print(f"      {cmd}", markup=False, highlight=False)
+        elif "error" in e.detail:
+            c.print(f"    error: {e.detail['error']}")

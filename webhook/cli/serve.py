@@ -66,11 +66,27 @@ def _run_loop(config: ServiceConfig, policy: Policy) -> None:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     cluster = SlurmCluster(config.cluster.slurm_conf)
+    ledger = Ledger(config.database_url)
+    dispatcher = None
+    if config.executor.enabled:
+        from webhook.executor.dispatch import Dispatcher
+        from webhook.executor.runner import INVENTORY
+
+        env = {"SLURM_CONF": str(config.cluster.slurm_conf)} if config.cluster.slurm_conf else {}
+        dispatcher = Dispatcher(
+            ledger,
+            slurm_env=env,
+            inventory=config.executor.inventory or INVENTORY,
+            timeout=config.executor.timeout_seconds,
+            concurrency=config.executor.concurrency,
+            retries=config.executor.retries,
+        )
     loop = LiveLoop(
-        Ledger(config.database_url),
+        ledger,
         policy,
         cluster.view,
         refresh_seconds=config.cluster.refresh_seconds,
+        dispatcher=dispatcher,
     )
     loop.run(stop, config.tick_seconds)
 

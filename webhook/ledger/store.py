@@ -152,6 +152,26 @@ class Ledger:
                 ids.append(row.id)
         return ids
 
+    def add_event(self, decision_id: int, state: str, detail: dict[str, Any], at: datetime) -> None:
+        """Append a state change (the decision row keeps the latest state, for queries)."""
+        with self.session.begin() as s:
+            row = s.get(DecisionRow, decision_id)
+            if row is None:
+                raise KeyError(decision_id)
+            row.state = state
+            s.add(DecisionEvent(decision_id=decision_id, at=at, state=state, detail=detail))
+
+    def rows(self, ids: Sequence[int]) -> list[DecisionRow]:
+        with self.session() as s:
+            return list(s.scalars(select(DecisionRow).where(DecisionRow.id.in_(ids))).all())
+
+    def in_state(self, *states: str) -> list[DecisionRow]:
+        with self.session() as s:
+            rows = s.scalars(
+                select(DecisionRow).where(DecisionRow.state.in_(states)).order_by(DecisionRow.id)
+            ).all()
+            return list(rows)
+
     def decisions(self, limit: int = 100) -> list[DecisionRow]:
         with self.session() as s:
             rows = s.scalars(select(DecisionRow).order_by(DecisionRow.id.desc()).limit(limit)).all()

@@ -56,6 +56,16 @@ class Cluster(_Strict):
     refresh_seconds: float = Field(default=5.0, gt=0)
 
 
+class Executor(_Strict):
+    # Where the playbooks run (the Slurm controller); the repo's inventory/hosts.yml runs them
+    # locally. `enabled: false` records decisions without any playbook run, not even dry runs.
+    enabled: bool = True
+    inventory: Path | None = None
+    timeout_seconds: int = Field(default=120, ge=5)
+    concurrency: int = Field(default=4, ge=1, le=64)
+    retries: int = Field(default=3, ge=1, le=10)
+
+
 class ServiceConfig(_Strict):
     listen: str = "127.0.0.1:8080"
     database_url: str = "sqlite:///slurmedic.db"
@@ -63,6 +73,7 @@ class ServiceConfig(_Strict):
     auth: Auth = Auth()
     policy_file: Path | None = None
     cluster: Cluster = Cluster()
+    executor: Executor = Executor()
     tick_seconds: float = Field(default=1.0, gt=0)
     workers: int = Field(default=2, ge=1)
 

@@ -17,6 +17,7 @@ from webhook.core.cluster import ClusterView
 from webhook.core.decisions import Decision
 from webhook.core.engine import Engine, Incident
 from webhook.core.policy import Policy
+from webhook.executor.dispatch import Dispatcher
 from webhook.ledger.store import Ledger
 
 log = logging.getLogger("slurmedic.loop")
@@ -31,9 +32,11 @@ class LiveLoop:
         view_source: Callable[[], ClusterView],
         *,
         refresh_seconds: float = 5.0,
+        dispatcher: Dispatcher | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.ledger, self.policy, self.view_source, self.clock = ledger, policy, view_source, clock
+        self.dispatcher = dispatcher
         self.refresh_seconds = refresh_seconds
         self.last_alert = 0
         self.view_at = 0.0
@@ -75,9 +78,16 @@ class LiveLoop:
         decisions = self.engine.tick(self.clock())
         if decisions:
             keys = dict.fromkeys(d.incident for d in decisions)
-            self.ledger.record(decisions, [self.engine.incidents[k] for k in keys])
+            ids = self.ledger.record(decisions, [self.engine.incidents[k] for k in keys])
+            if self.dispatcher is not None:
+                # Monitor decisions get their dry run now; enforce ones are picked up below.
+                self.dispatcher.dispatch(
+                    [r for r in self.ledger.rows(ids) if r.state == "recorded"]
+                )
             for d in decisions:
                 log.info("%s %s %s %s: %s", d.incident, d.action, d.state, d.cause, d.reason)
+        if self.dispatcher is not None:
+            self.dispatcher.dispatch(self.dispatcher.pending())
         return decisions
 
     def run(self, stop: threading.Event, tick_seconds: float = 1.0) -> None:

@@ -1,0 +1,186 @@
+"""Remediation on the lab's real Slurm: enforce mode carries decisions out; approve mode waits.
+
+slurmedic runs with an enforce policy: an XID 79 drains the node with slurmedic's reason and
+requeues the job away from it, and the successor resumes from its checkpoint; an application
+crash stops the job and drains nothing. Then approve mode: nothing changes until a human
+approves; a rejection changes nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lab import manage, monitoring, processes
+from lab.config import LabConfig
+from lab.slurm import slurm
+from tests.lab.conftest import eventually, joblog, query, running_nodes
+from webhook.ledger.schema import DecisionRow
+from webhook.ledger.store import Ledger
+from webhook.service.config import load_config
+
+pytestmark = pytest.mark.lab
+
+
+def serve_with(cfg: LabConfig, tmp: Path, mode: str) -> Ledger:
+    policy = tmp / f"policy-{mode}.yml"
+    policy.write_text(
+        yaml.safe_dump({"mode": mode, "settle_seconds": 5, "breaker": {"max_fraction": 0.5}})
+    )
+    processes.stop(cfg, "slurmedic")
+    monitoring.start_slurmedic(cfg, policy)
+    return Ledger(load_config(cfg.slurmedic_config).database_url)
+
+
+def restore(cfg: LabConfig) -> None:
+    """Give the next tests a healthy cluster: resume what this module drained."""
+    processes.stop(cfg, "slurmedic")
+    for line in slurm(cfg, "sinfo", "-h", "-N", "-o", "%N %t").splitlines():
+        node, state = line.split()
+        if state.startswith("drain"):
+            slurm(cfg, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
+    manage.clear(cfg)
+
+
+@pytest.fixture(scope="module")
+def enforce(lab_cfg: LabConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
+    yield serve_with(lab_cfg, tmp_path_factory.mktemp("enforce"), "enforce")
+    restore(lab_cfg)
+
+
+def decided(ledger: Ledger, incident: str, n: int, states: set[str]) -> dict[str, DecisionRow]:
+    def done() -> dict[str, DecisionRow]:
+        rows = {r.action: r for r in ledger.decisions(200) if r.incident == incident}
+        return rows if len(rows) == n and all(r.state in states for r in rows.values()) else {}
+
+    return eventually(done, timeout=60, what=f"{n} decision(s) of {incident} in {states}")
+
+
+def mapped(cfg: LabConfig, job: int) -> None:
+    eventually(
+        lambda: query(cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'), what="job mapped"
+    )
+
+
+def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    job = submit(nodes=3)
+    nodes = running_nodes(lab_cfg, job)
+    mapped(lab_cfg, job)
+    ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}})'
+    eventually(lambda: (r := query(lab_cfg, ckpt)) and r[0]["value"] >= 5, what="a checkpoint")
+    bad = nodes[1]
+    manage.inject_gpu(lab_cfg, "xid", bad, 4, xid=79)
+    rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
+    assert {a: r.state for a, r in rows.items()} == {"drain": "executed", "requeue": "executed"}
+    # The node is drained with slurmedic's reason ...
+    info = slurm(lab_cfg, "scontrol", "show", "node", bad, "-o")
+    assert "DRAIN" in info and f"Reason=slurmedic: {job}.0 gpu_hardware" in info
+    # ... the job runs again, without it, and resumes from its checkpoint.
+    new = eventually(
+        lambda: (
+            (i := manage.show_job(lab_cfg, job))
+            and i["JobState"] == "RUNNING"
+            and i["Restarts"] == "1"
+            and running_nodes(lab_cfg, job)
+        ),
+        timeout=60,
+        what="attempt 1 running",
+    )
+    assert bad not in new
+    line = eventually(
+        lambda: [
+            ln
+            for ln in joblog(lab_cfg, job, new[0], 0).read_text().splitlines()
+            if "attempt 1" in ln
+        ],
+        what="rank 0 restarted",
+    )[0]
+    resumed = int(line.rsplit(" ", 1)[1])
+    assert "resuming from checkpoint" in line and resumed >= 5
+    eventually(
+        lambda: (
+            (r := query(lab_cfg, f'min(training_step{{slurm_job_id="{job}"}})'))
+            and r[0]["value"] > resumed
+        ),
+        what="progress past the checkpoint",
+    )
+    # What ran is in the ledger, command by command.
+    _, events = enforce.decision(rows["requeue"].id)  # type: ignore[misc]
+    ran = next(e.detail["run"]["commands"] for e in events if "run" in e.detail)
+    assert ran == [
+        f"scontrol requeuehold {job}",
+        f"scontrol update jobid={job} ExcNodeList={bad}",
+        f"scontrol release {job}",
+    ]
+    assert [e.state for e in events] == ["pending", "running", "executed"]
+
+
+def test_enforce_stops_an_application_failure_and_drains_nothing(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    job = submit(nodes=2)
+    running_nodes(lab_cfg, job)
+    mapped(lab_cfg, job)
+    drained_before = slurm(lab_cfg, "sinfo", "-h", "-t", "drain", "-o", "%N")
+    manage.inject_job(lab_cfg, "crash_cuda", job, 0)
+    rows = decided(enforce, f"{job}.0", 1, {"executed", "failed"})
+    assert list(rows) == ["stop"] and rows["stop"].state == "executed"
+    assert slurm(lab_cfg, "sinfo", "-h", "-t", "drain", "-o", "%N") == drained_before
+    state = manage.show_job(lab_cfg, job)["JobState"]
+    assert state in ("CANCELLED", "FAILED"), state  # cancelled, or already failed on its own
+
+
+def cli(cfg: LabConfig, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "webhook.cli", *args, f"--config={cfg.slurmedic_config}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_approve_mode_waits_for_a_human(
+    lab_cfg: LabConfig,
+    enforce: Ledger,
+    submit: Callable[..., int],
+    tmp_path: Path,
+) -> None:
+    ledger = serve_with(lab_cfg, tmp_path, "approve")
+    job = submit(nodes=3)
+    nodes = running_nodes(lab_cfg, job)
+    mapped(lab_cfg, job)
+    before = (
+        slurm(lab_cfg, "sinfo", "-h", "-N", "-o", "%N %t"),
+        manage.show_job(lab_cfg, job)["Restarts"],
+    )
+    manage.inject_gpu(lab_cfg, "xid", nodes[2], 1, xid=79)
+    rows = decided(ledger, f"{job}.0", 2, {"awaiting_approval"})
+    assert "awaiting_approval" in cli(lab_cfg, "review").stdout or rows
+    # Nothing moves without a human.
+    assert (
+        slurm(lab_cfg, "sinfo", "-h", "-N", "-o", "%N %t"),
+        manage.show_job(lab_cfg, job)["Restarts"],
+    ) == before
+    out = cli(lab_cfg, "reject", str(rows["requeue"].id), "--reason", "we checkpoint first")
+    assert out.returncode == 0, out.stderr
+    out = cli(lab_cfg, "approve", str(rows["drain"].id))
+    assert out.returncode == 0, out.stderr
+    eventually(
+        lambda: "DRAIN" in slurm(lab_cfg, "scontrol", "show", "node", nodes[2], "-o"),
+        what="approved drain carried out",
+    )
+    # The rejected requeue never ran: the job keeps its attempt.
+    assert manage.show_job(lab_cfg, job)["Restarts"] == before[1]
+    states = {r.action: r.state for r in ledger.decisions(200) if r.incident == f"{job}.0"}
+    assert states == {"drain": "executed", "requeue": "rejected"}
+    # Approving twice is refused, with a reason.
+    again = cli(lab_cfg, "approve", str(rows["drain"].id))
+    assert again.returncode == 1 and "not awaiting_approval" in again.stderr

@@ -1,0 +1,76 @@
+"""`slurmedic review | approve | reject`: the human side of approve mode."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from webhook.cli.decisions import _ledger, config_option
+
+
+@click.command()
+@config_option
+def review(config_path: Path | None) -> None:
+    """Recommendations waiting for a human (approve mode), with their dry-run commands."""
+    ledger = _ledger(config_path)
+    rows = ledger.in_state("awaiting_approval")
+    if not rows:
+        click.echo("nothing waits for approval")
+        return
+    t = Table(title="waiting for approval")
+    for col in ("id", "at", "incident", "action", "nodes / exclude", "cause", "reason"):
+        t.add_column(col)
+    for r in rows:
+        targets = ", ".join(r.nodes) or (f"excl. {', '.join(r.exclude)}" if r.exclude else "")
+        t.add_row(
+            str(r.id),
+            r.at.strftime("%m-%d %H:%M:%S"),
+            r.incident,
+            r.action,
+            targets,
+            r.cause,
+            r.reason,
+        )
+    Console().print(t)
+    click.echo("decisions show ID | approve ID | reject ID --reason ...")
+
+
+def _decide(config_path: Path | None, decision_id: int, state: str, detail: dict[str, str]) -> None:
+    ledger = _ledger(config_path)
+    found = ledger.decision(decision_id)
+    if found is None:
+        raise click.ClickException(f"decision {decision_id} is not in the ledger")
+    row, _ = found
+    if row.state != "awaiting_approval":
+        raise click.ClickException(f"decision {decision_id} is {row.state}, not awaiting_approval")
+    ledger.add_event(decision_id, state, detail, datetime.now(UTC))
+    click.echo(
+        f"decision {decision_id} ({row.action} {', '.join(row.nodes or row.exclude)}) {state}"
+    )
+
+
+@click.command()
+@config_option
+@click.argument("decision_id", type=int)
+@click.option("--by", default=None, help="Who approves (default: the login name).")
+def approve(config_path: Path | None, decision_id: int, by: str | None) -> None:
+    """Approve a recommendation: slurmedic carries it out on its next step."""
+    import getpass
+
+    _decide(config_path, decision_id, "approved", {"by": by or getpass.getuser()})
+
+
+@click.command()
+@config_option
+@click.argument("decision_id", type=int)
+@click.option("--reason", required=True, help="Why not (kept in the ledger).")
+@click.option("--by", default=None, help="Who rejects (default: the login name).")
+def reject(config_path: Path | None, decision_id: int, reason: str, by: str | None) -> None:
+    """Reject a recommendation: nothing is carried out."""
+    import getpass
+
+    _decide(config_path, decision_id, "rejected", {"by": by or getpass.getuser(), "reason": reason})

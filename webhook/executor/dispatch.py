@@ -1,0 +1,164 @@
+"""Dispatch recorded decisions to playbooks, by mode, and record what happened.
+
+monitor  -> a check-mode run; its commands are recorded as the dry-run output, the state stays
+            `recorded` and Slurm is never touched.
+approve  -> nothing until a human approves (`slurmedic approve ID`), then as enforce.
+enforce  -> running -> executed | failed, with the run's commands and output.
+
+Within an incident the drain runs before the requeue (the successor must not land on a node
+that is still in service); incidents run concurrently, up to `concurrency` at once. Playbooks
+are idempotent, so a decision found `running` after a crash is simply run again: it finds the
+work done (a drained node, a job whose restart count moved on) and changes nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
+
+from webhook.executor.runner import INVENTORY, RunResult, run_playbook
+from webhook.ledger.schema import DecisionRow
+from webhook.ledger.store import Ledger
+
+log = logging.getLogger("slurmedic.executor")
+ORDER = {"drain": 0, "resume": 0, "requeue": 1, "stop": 1}
+# Slurm answers that mean "try again in a moment", not "no".
+TRANSIENT = re.compile(
+    r"Socket timed out|Unable to contact slurm controller|Zero Bytes were "
+    r"transmitted|Resource temporarily unavailable|slurm_load_\w+ error"
+)
+
+
+def playbook_for(row: DecisionRow) -> tuple[str, dict[str, Any]] | None:
+    """The playbook and extra vars that carry out a decision (None: nothing to run)."""
+    attempt = int(row.incident.rsplit(".", 1)[1]) if row.job is not None else 0
+    if row.action == "drain":
+        reason = f"slurmedic: {row.incident} {row.cause}"
+        return "drain_nodes", {"slurmedic_nodes": row.nodes, "slurmedic_reason": reason}
+    if row.action == "resume":
+        return "resume_nodes", {"slurmedic_nodes": row.nodes}
+    if row.action == "requeue" and row.job is not None:
+        return "requeue_job", {
+            "slurmedic_job": row.job,
+            "slurmedic_attempt": attempt,
+            "slurmedic_exclude": row.exclude,
+        }
+    if row.action == "stop" and row.job is not None:
+        return "stop_job", {"slurmedic_job": row.job, "slurmedic_attempt": attempt}
+    return None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        slurm_env: dict[str, str] | None = None,
+        inventory: Path = INVENTORY,
+        timeout: int = 120,
+        concurrency: int = 4,
+        retries: int = 3,
+        force_monitor: Callable[[], bool] = lambda: False,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.ledger, self.inventory, self.timeout = ledger, inventory, timeout
+        self.slurm_env = slurm_env or {}
+        self.retries, self.force_monitor, self.clock = retries, force_monitor, clock
+        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="playbook")
+        self.busy: dict[str, Future[None]] = {}
+
+    def dispatch(self, rows: list[DecisionRow]) -> None:
+        """Hand decisions to the pool, one task per incident (in order within it)."""
+        by_incident: dict[str, list[DecisionRow]] = defaultdict(list)
+        for r in rows:
+            by_incident[r.incident].append(r)
+        for incident, group in by_incident.items():
+            if incident in self.busy and not self.busy[incident].done():
+                continue  # picked up again on a later step
+            group.sort(key=lambda r: (ORDER.get(r.action, 2), r.id))
+            self.busy[incident] = self.pool.submit(self._run_incident, group)
+
+    def pending(self) -> list[DecisionRow]:
+        """Work waiting: enforce decisions, approved ones, and runs a crash interrupted."""
+        return self.ledger.in_state("pending", "approved", "running")
+
+    def _run_incident(self, rows: list[DecisionRow]) -> None:
+        for row in rows:
+            try:
+                ok = self._run_one(row)
+            except Exception:
+                log.exception("decision %s failed to run", row.id)
+                ok = False
+            if not ok and row.action == "drain":
+                # A requeue must not send the job back to a node still in service.
+                for later in rows[rows.index(row) + 1 :]:
+                    self.ledger.add_event(
+                        later.id,
+                        "failed",
+                        {"by": "executor", "error": f"drain (decision {row.id}) failed first"},
+                        self.clock(),
+                    )
+                return
+
+    def _run_one(self, row: DecisionRow) -> bool:
+        target = playbook_for(row)
+        monitor = row.mode == "monitor" or self.force_monitor()
+        if target is None:  # escalate / none: nothing to run
+            self.ledger.add_event(
+                row.id,
+                "recorded" if monitor or row.mode != "enforce" else "executed",
+                {"by": "executor", "note": "no scheduler action"},
+                self.clock(),
+            )
+            return True
+        name, evars = target
+        evars = {**evars, "slurmedic_slurm_env": self.slurm_env}
+        if not monitor:
+            self.ledger.add_event(
+                row.id, "running", {"by": "executor", "playbook": name}, self.clock()
+            )
+        try:
+            result = self._run(name, evars, check=monitor)
+        except ValidationError as e:
+            self.ledger.add_event(
+                row.id, "failed", {"by": "executor", "error": str(e)[:500]}, self.clock()
+            )
+            return False
+        if monitor:
+            state = "recorded"
+            note = {"by": "executor", "dry_run": result.summary()}
+            if self.force_monitor() and row.mode != "monitor":
+                note["note"] = "global switch to monitor: dry run only"
+        else:
+            state = "executed" if result.ok else "failed"
+            note = {"by": "executor", "run": result.summary()}
+        self.ledger.add_event(row.id, state, note, self.clock())
+        log.info("decision %s %s %s: %s", row.id, row.action, state, "; ".join(result.commands))
+        return result.ok
+
+    def _run(self, name: str, evars: dict[str, Any], *, check: bool) -> RunResult:
+        def transient(r: RunResult) -> bool:
+            return not r.ok and bool(TRANSIENT.search(r.output))
+
+        retrying = Retrying(
+            retry=retry_if_result(transient),
+            stop=stop_after_attempt(self.retries),
+            wait=wait_exponential(multiplier=0.5, max=8),
+            retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
+        )
+        result: RunResult = retrying(
+            run_playbook, name, evars, check=check, inventory=self.inventory, timeout=self.timeout
+        )
+        return result
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
