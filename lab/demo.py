@@ -88,8 +88,8 @@ def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60
     for r in sorted(rows, key=lambda r: r.id):
         target = ", ".join(r.nodes) or (f"excluding {', '.join(r.exclude)}" if r.exclude else "")
         console.print(f"  [bold]{r.action}[/bold] {target}  ({r.cause}, {r.mode}: {r.state})")
-        found = ledger.decision(r.id)
-        for e in found[1] if found else []:
+        history = ledger.decision(r.id)
+        for e in history[1] if history else []:
             for cmd in e.detail.get("dry_run", {}).get("commands", []):
                 console.print(f"      would run: {cmd}", markup=False, highlight=False)
     console.print(f"  reason: {rows[0].reason}")

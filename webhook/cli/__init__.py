@@ -21,6 +21,7 @@ def _register() -> None:
     from webhook.cli.review import approve, reject, review
     from webhook.cli.rules import rules
     from webhook.cli.serve import serve
+    from webhook.cli.switches import breaker, resume, switch
 
     main.add_command(lab)
     main.add_command(rules)
@@ -31,6 +32,9 @@ def _register() -> None:
     main.add_command(review)
     main.add_command(approve)
     main.add_command(reject)
+    main.add_command(switch)
+    main.add_command(breaker)
+    main.add_command(resume)
 
 
 _register()

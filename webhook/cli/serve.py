@@ -80,6 +80,7 @@ def _run_loop(config: ServiceConfig, policy: Policy) -> None:
             timeout=config.executor.timeout_seconds,
             concurrency=config.executor.concurrency,
             retries=config.executor.retries,
+            force_monitor=lambda: bool((ledger.setting("switch") or {}).get("monitor")),
         )
     loop = LiveLoop(
         ledger,

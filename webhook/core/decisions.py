@@ -72,6 +72,8 @@ class GuardState:
 
     history: list[PastAction] = field(default_factory=list)
     breaker_open: bool = False
+    # Drains before a human's reset do not count against the breaker any more.
+    breaker_reset_at: datetime | None = None
 
     def requeues(self, job: int, since: datetime) -> int:
         return sum(
@@ -79,7 +81,13 @@ class GuardState:
         )
 
     def drained(self, since: datetime) -> set[str]:
+        if self.breaker_reset_at is not None:
+            since = max(since, self.breaker_reset_at)
         return {n for h in self.history if h.action == "drain" and h.at >= since for n in h.nodes}
+
+    def reset_breaker(self, at: datetime) -> None:
+        self.breaker_open = False
+        self.breaker_reset_at = at
 
 
 def plan(attr: Attribution, job: Job | None) -> list[tuple[str, str | None]]:

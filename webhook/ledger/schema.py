@@ -79,3 +79,12 @@ class DecisionEvent(Base):
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     state: Mapped[str] = mapped_column(String(24))
     detail: Mapped[dict[str, Any]]
+
+
+class Setting(Base):
+    """Switches a human flips while the service runs: the global monitor switch, the breaker."""
+
+    __tablename__ = "settings"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[dict[str, Any]]
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -21,6 +21,7 @@ from webhook.ledger.schema import (
     DecisionRow,
     IncidentRow,
     Notification,
+    Setting,
 )
 
 
@@ -160,6 +161,15 @@ class Ledger:
                 raise KeyError(decision_id)
             row.state = state
             s.add(DecisionEvent(decision_id=decision_id, at=at, state=state, detail=detail))
+
+    def setting(self, key: str) -> dict[str, Any] | None:
+        with self.session() as s:
+            row = s.get(Setting, key)
+            return dict(row.value) if row else None
+
+    def set_setting(self, key: str, value: dict[str, Any], at: datetime) -> None:
+        with self.session.begin() as s:
+            s.merge(Setting(key=key, value=value, updated_at=at))
 
     def rows(self, ids: Sequence[int]) -> list[DecisionRow]:
         with self.session() as s:

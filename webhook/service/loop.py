@@ -45,6 +45,10 @@ class LiveLoop:
         self.engine.guards.history = list(
             ledger.history(now - max(policy.retry_budget.window, policy.breaker.window))
         )
+        breaker = ledger.setting("breaker") or {}
+        self.engine.guards.breaker_open = bool(breaker.get("open"))
+        if breaker.get("reset_at"):
+            self.engine.guards.breaker_reset_at = datetime.fromisoformat(breaker["reset_at"])
         for key in ledger.decided_incidents():
             self.engine.incidents[key] = Incident(
                 key=key, job=None, node=None, opened_at=now, decided=True
@@ -75,7 +79,14 @@ class LiveLoop:
                 self.engine.update_view(view)
         while self._feed():
             pass
+        self._sync_breaker()
+        was_open = self.engine.guards.breaker_open
         decisions = self.engine.tick(self.clock())
+        if self.engine.guards.breaker_open and not was_open:
+            # It never closes by itself: only `slurmedic breaker reset` does.
+            self.ledger.set_setting(
+                "breaker", {"open": True, "opened_at": self.clock().isoformat()}, self.clock()
+            )
         if decisions:
             keys = dict.fromkeys(d.incident for d in decisions)
             ids = self.ledger.record(decisions, [self.engine.incidents[k] for k in keys])
@@ -89,6 +100,13 @@ class LiveLoop:
         if self.dispatcher is not None:
             self.dispatcher.dispatch(self.dispatcher.pending())
         return decisions
+
+    def _sync_breaker(self) -> None:
+        """Pick up a human's reset (`slurmedic breaker reset` writes it to the ledger)."""
+        breaker = self.ledger.setting("breaker") or {}
+        reset_at = breaker.get("reset_at")
+        if reset_at and not breaker.get("open") and self.engine.guards.breaker_open:
+            self.engine.guards.reset_breaker(datetime.fromisoformat(reset_at))
 
     def run(self, stop: threading.Event, tick_seconds: float = 1.0) -> None:
         while not stop.is_set():
