@@ -73,10 +73,8 @@ def test_breaker_opens_survives_a_restart_and_closes_only_when_reset(tmp_path: P
     xid(ledger, "gpu02", 2, clock.now)
     clock.now += timedelta(seconds=10)
     second = loop.step()
-    assert [(d.action, d.guard) for d in second if d.job == 2][0] == (
-        "escalate",
-        "circuit_breaker_open",
-    )
+    assert ("escalate", "circuit_breaker_open") in [(d.action, d.guard) for d in second]
+    assert not [d for d in second if d.action == "drain"]
     assert (ledger.setting("breaker") or {}).get("open") is True
 
     # A restart does not close it.
