@@ -8,6 +8,9 @@ approves; a rejection changes nothing.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -30,9 +33,20 @@ pytestmark = pytest.mark.lab
 def serve_with(cfg: LabConfig, tmp: Path, mode: str) -> Ledger:
     policy = tmp / f"policy-{mode}.yml"
     policy.write_text(
-        yaml.safe_dump({"mode": mode, "settle_seconds": 5, "breaker": {"max_fraction": 0.5}})
+        yaml.safe_dump(
+            {
+                "mode": mode,
+                "settle_seconds": 5,
+                "breaker": {"max_fraction": 0.5},
+                # One fault per test, but several tests within minutes under the lab's 4-node
+                # leaves would look like a switch storm: these tests are not about that.
+                "shared_cause": {"switch_min_nodes": 5, "cluster_min_nodes": 9},
+            }
+        )
     )
     processes.stop(cfg, "slurmedic")
+    # Earlier tests' drains (monitor ones too) count against the breaker; a human resets it.
+    assert cli(cfg, "breaker", "reset").returncode == 0
     monitoring.start_slurmedic(cfg, policy)
     return Ledger(load_config(cfg.slurmedic_config).database_url)
 
@@ -45,6 +59,18 @@ def restore(cfg: LabConfig) -> None:
         if state.startswith("drain"):
             slurm(cfg, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
     manage.clear(cfg)
+
+
+@pytest.fixture(autouse=True)
+def healthy_after(lab_cfg: LabConfig) -> Iterator[None]:
+    """Each test leaves healthy GPUs and no drained node behind: faults from one test would
+    otherwise be real evidence (and real drains) in the next."""
+    yield
+    manage.clear(lab_cfg)
+    for line in slurm(lab_cfg, "sinfo", "-h", "-N", "-o", "%N %t").splitlines():
+        node, state = line.split()
+        if state.startswith("drain"):
+            slurm(lab_cfg, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +205,109 @@ def test_approve_mode_waits_for_a_human(
     )
     # The rejected requeue never ran: the job keeps its attempt.
     assert manage.show_job(lab_cfg, job)["Restarts"] == before[1]
+    decided(ledger, f"{job}.0", 2, {"executed", "rejected"})
     states = {r.action: r.state for r in ledger.decisions(200) if r.incident == f"{job}.0"}
     assert states == {"drain": "executed", "requeue": "rejected"}
     # Approving twice is refused, with a reason.
     again = cli(lab_cfg, "approve", str(rows["drain"].id))
     assert again.returncode == 1 and "not awaiting_approval" in again.stderr
+
+
+def test_the_global_switch_sends_enforce_back_to_dry_runs_at_once(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int], tmp_path: Path
+) -> None:
+    ledger = serve_with(lab_cfg, tmp_path, "enforce")
+    assert cli(lab_cfg, "switch", "monitor").returncode == 0
+    try:
+        job = submit(nodes=2)
+        nodes = running_nodes(lab_cfg, job)
+        mapped(lab_cfg, job)
+        before = slurm(lab_cfg, "sinfo", "-h", "-N", "-o", "%N %t")
+        manage.inject_gpu(lab_cfg, "xid", nodes[0], 2, xid=79)
+
+        def dry_run_of_drain() -> list[str]:
+            rows = [
+                r for r in ledger.decisions(200) if r.incident == f"{job}.0" and r.action == "drain"
+            ]
+            if not rows:
+                return []
+            _, events = ledger.decision(rows[0].id)  # type: ignore[misc]
+            return next(
+                (e.detail["dry_run"]["commands"] for e in events if "dry_run" in e.detail), []
+            )
+
+        assert eventually(dry_run_of_drain, timeout=60, what="a dry run instead of a drain")
+        assert slurm(lab_cfg, "sinfo", "-h", "-N", "-o", "%N %t") == before
+        assert manage.show_job(lab_cfg, job)["Restarts"] == "0"
+    finally:
+        assert cli(lab_cfg, "switch", "policy").returncode == 0
+
+
+def test_resume_returns_only_nodes_slurmedic_drained(lab_cfg: LabConfig, enforce: Ledger) -> None:
+    slurm(
+        lab_cfg,
+        "scontrol",
+        "update",
+        "nodename=gpu07",
+        "state=drain",
+        "reason=slurmedic: 9.0 gpu_hardware",
+    )
+    slurm(
+        lab_cfg,
+        "scontrol",
+        "update",
+        "nodename=gpu08",
+        "state=drain",
+        "reason=bad fan, ticket 4711",
+    )
+    try:
+        out = cli(lab_cfg, "resume", "gpu07", "gpu08")
+        assert out.returncode == 0, out.stderr
+        assert "scontrol update nodename=gpu07 state=resume" in out.stdout
+
+        def states() -> dict[str, str]:
+            out = slurm(lab_cfg, "sinfo", "-h", "-N", "-n", "gpu[07-08]", "-o", "%N %t")
+            return dict(ln.split() for ln in out.splitlines())
+
+        # A resumed node is briefly `idle*` until its slurmd registers again.
+        eventually(lambda: states()["gpu07"] == "idle", what="gpu07 back in service")
+        assert states()["gpu08"].startswith("drain")  # an operator's drain stays
+        bad = cli(lab_cfg, "resume", "gpu07;reboot")
+        assert bad.returncode == 1 and "nodes:" in bad.stderr
+    finally:
+        slurm(lab_cfg, "scontrol", "update", "nodename=gpu08", "state=resume", check=False)
+
+
+def test_kill_9_while_a_playbook_runs_is_reconciled_and_never_runs_twice(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int], tmp_path: Path
+) -> None:
+    ledger = serve_with(lab_cfg, tmp_path, "enforce")
+    job = submit(nodes=3)
+    nodes = running_nodes(lab_cfg, job)
+    mapped(lab_cfg, job)
+    manage.inject_gpu(lab_cfg, "xid", nodes[2], 6, xid=79)
+
+    def running() -> bool:
+        return any(r.state == "running" for r in ledger.decisions(200) if r.incident == f"{job}.0")
+
+    caught = eventually(running, timeout=60, interval=0.05, what="a playbook running")
+    # The service and everything under it (gunicorn, the loop, ansible) die without a word.
+    pid = processes.read_pid(lab_cfg, "slurmedic")
+    assert pid is not None and caught
+    victims = [pid, *processes.descendants(pid)]
+    for v in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(v, signal.SIGKILL)
+    processes.wait_until(lambda: not any(processes.is_alive(v) for v in victims), 10)
+    (lab_cfg.pids / "slurmedic.pid").unlink(missing_ok=True)
+    monitoring.start_slurmedic(lab_cfg, tmp_path / "policy-enforce.yml")
+    rows = decided(ledger, f"{job}.0", 2, {"executed"})
+    assert set(rows) == {"drain", "requeue"}
+    # Requeued exactly once, drained once, whatever the crash interrupted.
+    info = eventually(
+        lambda: (i := manage.show_job(lab_cfg, job)) and i["JobState"] == "RUNNING" and i,
+        timeout=60,
+        what="job running again",
+    )
+    assert info["Restarts"] == "1"
+    assert nodes[2] not in running_nodes(lab_cfg, job)

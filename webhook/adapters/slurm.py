@@ -48,7 +48,9 @@ class SlurmCluster:
 
     def view(self) -> ClusterView:
         nodes = json.loads(self._run("sinfo", "--json"))["nodes"]
-        jobs = json.loads(self._run("squeue", "--json"))["jobs"]
+        # Ended jobs too (while slurmctld remembers them): an alert may arrive after Slurm
+        # already ended the job it concerns.
+        jobs = json.loads(self._run("squeue", "--json", "--states=all"))["jobs"]
         topology = self._run("scontrol", "show", "topology")
         return build_view(nodes, jobs, topology)
 

@@ -20,7 +20,7 @@ def _register() -> None:
     from webhook.cli.replay import replay
     from webhook.cli.review import approve, reject, review
     from webhook.cli.rules import rules
-    from webhook.cli.serve import serve
+    from webhook.cli.serve import loop_cmd, serve
     from webhook.cli.switches import breaker, resume, switch
 
     main.add_command(lab)
@@ -29,6 +29,7 @@ def _register() -> None:
     main.add_command(policy)
     main.add_command(decisions)
     main.add_command(serve)
+    main.add_command(loop_cmd)
     main.add_command(review)
     main.add_command(approve)
     main.add_command(reject)

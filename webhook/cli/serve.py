@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -52,7 +53,7 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         return create_app(self.service)
 
 
-def _run_loop(config: ServiceConfig, policy: Policy) -> None:
+def run_loop(config: ServiceConfig, policy: Policy) -> None:
     from webhook.adapters.slurm import SlurmCluster
     from webhook.ledger.store import Ledger
     from webhook.service.loop import LiveLoop
@@ -113,16 +114,46 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
         config.auth.secrets()  # fail now, with the key named, not in a worker
     except ConfigError as e:
         raise click.ClickException(str(e)) from e
-    policy = read_policy(policy_path or config.policy_file)
+    read_policy(policy_path or config.policy_file)  # a bad policy fails here, named, not later
     from webhook.ledger.store import Ledger
 
     Ledger(config.database_url)  # create the tables once, before workers race to
-    loop = multiprocessing.get_context("fork").Process(
-        target=_run_loop, args=(config, policy), name="slurmedic-loop", daemon=True
-    )
-    loop.start()
+    # The loop is its own process (not a fork of this one: gunicorn forks its workers from
+    # here, and they must not inherit it).
+    argv = [sys.executable, "-m", "webhook.cli", "loop"]
+    if config_path is not None:
+        argv.append(f"--config={config_path}")
+    if policy_path is not None:
+        argv.append(f"--policy={policy_path}")
+    loop = subprocess.Popen(argv)
     try:
         _Gunicorn(config).run()
     finally:
         loop.terminate()
-        loop.join(10)
+        try:
+            loop.wait(10)
+        except subprocess.TimeoutExpired:
+            loop.kill()
+
+
+@click.command(name="loop")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    envvar="SLURMEDIC_CONFIG",
+    help="Service config (YAML); embedded defaults otherwise.",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(path_type=Path),
+    help="Policy file; overrides the config's policy_file.",
+)
+def loop_cmd(config_path: Path | None, policy_path: Path | None) -> None:
+    """Run the live loop alone (`serve` runs it beside the webhook)."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from e
+    run_loop(config, read_policy(policy_path or config.policy_file))

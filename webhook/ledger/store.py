@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, select
@@ -43,6 +44,8 @@ class Ledger:
         self.engine: Engine = create_engine(url, pool_pre_ping=True)
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+            if self.engine.url.database not in (None, "", ":memory:"):
+                Path(self.engine.url.database).parent.mkdir(parents=True, exist_ok=True)
         Base.metadata.create_all(self.engine)
         self.session = sessionmaker(self.engine, expire_on_commit=False)
 
