@@ -91,7 +91,9 @@ def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60
         history = ledger.decision(r.id)
         for e in history[1] if history else []:
             for cmd in e.detail.get("dry_run", {}).get("commands", []):
-                console.print(f"      would run: {cmd}", markup=False, highlight=False)
+                console.print(
+                    f"      would run: {cmd}", markup=False, highlight=False, soft_wrap=True
+                )
     console.print(f"  reason: {rows[0].reason}")
     console.print(
         f"  decided {decided_after:.1f}s after the fault (the lab's settle window is 5 s); Slurm "

@@ -189,7 +189,8 @@ def test_approve_mode_waits_for_a_human(
     )
     manage.inject_gpu(lab_cfg, "xid", nodes[2], 1, xid=79)
     rows = decided(ledger, f"{job}.0", 2, {"awaiting_approval"})
-    assert "awaiting_approval" in cli(lab_cfg, "review").stdout or rows
+    listed = cli(lab_cfg, "review").stdout
+    assert "waiting for approval" in listed and "XID 79" in listed
     # Nothing moves without a human.
     assert (
         slurm(lab_cfg, "sinfo", "-h", "-N", "-o", "%N %t"),

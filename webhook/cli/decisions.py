@@ -9,16 +9,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from webhook.cli.common import config_option, decision_table, ledger_of
 from webhook.ledger.schema import DecisionRow
-from webhook.ledger.store import Ledger
-from webhook.service.config import ConfigError, load_config
-
-
-def _ledger(config_path: Path | None) -> Ledger:
-    try:
-        return Ledger(load_config(config_path).database_url)
-    except ConfigError as e:
-        raise click.ClickException(str(e)) from e
 
 
 def _json(row: DecisionRow) -> dict[str, object]:
@@ -39,15 +31,6 @@ def _json(row: DecisionRow) -> dict[str, object]:
     }
 
 
-config_option = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    envvar="SLURMEDIC_CONFIG",
-    help="Service config (YAML).",
-)
-
-
 @click.group()
 def decisions() -> None:
     """Decisions in the ledger."""
@@ -59,25 +42,11 @@ def decisions() -> None:
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1))
 def list_(config_path: Path | None, as_json: bool, limit: int) -> None:
     """The most recent decisions, newest first."""
-    rows = _ledger(config_path).decisions(limit)
+    rows = ledger_of(config_path).decisions(limit)
     if as_json:
         click.echo(json.dumps([_json(r) for r in rows], indent=1))
         return
-    t = Table(title="slurmedic decisions")
-    for col in ("id", "at", "incident", "action", "nodes / exclude", "cause", "guard", "state"):
-        t.add_column(col)
-    for r in rows:
-        targets = ", ".join(r.nodes) or (f"excl. {', '.join(r.exclude)}" if r.exclude else "")
-        t.add_row(
-            str(r.id),
-            r.at.strftime("%m-%d %H:%M:%S"),
-            r.incident,
-            r.action,
-            targets,
-            r.cause,
-            r.guard or "",
-            r.state,
-        )
+    t = decision_table("slurmedic decisions", rows)
     Console().print(t)
 
 
@@ -87,7 +56,7 @@ def list_(config_path: Path | None, as_json: bool, limit: int) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def show(config_path: Path | None, decision_id: int, as_json: bool) -> None:
     """One decision: its reason, evidence and every state it went through."""
-    found = _ledger(config_path).decision(decision_id)
+    found = ledger_of(config_path).decision(decision_id)
     if found is None:
         raise click.ClickException(f"decision {decision_id} is not in the ledger")
     row, events = found
@@ -128,6 +97,6 @@ def show(config_path: Path | None, decision_id: int, as_json: bool) -> None:
             kind = "would run (check mode)" if e.detail.get("dry_run") else "ran"
             c.print(f"    {run['playbook']}: {run['status']}; {kind}:")
             for cmd in run["commands"] or ["(nothing: already done)"]:
-                c.print(f"      {cmd}", markup=False, highlight=False)
+                c.print(f"      {cmd}", markup=False, highlight=False, soft_wrap=True)
         elif "error" in e.detail:
             c.print(f"    error: {e.detail['error']}")

@@ -7,40 +7,26 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.table import Table
 
-from webhook.cli.decisions import _ledger, config_option
+from webhook.cli.common import config_option, decision_table, ledger_of
 
 
 @click.command()
 @config_option
 def review(config_path: Path | None) -> None:
     """Recommendations waiting for a human (approve mode), with their dry-run commands."""
-    ledger = _ledger(config_path)
+    ledger = ledger_of(config_path)
     rows = ledger.in_state("awaiting_approval")
     if not rows:
         click.echo("nothing waits for approval")
         return
-    t = Table(title="waiting for approval")
-    for col in ("id", "at", "incident", "action", "nodes / exclude", "cause", "reason"):
-        t.add_column(col)
-    for r in rows:
-        targets = ", ".join(r.nodes) or (f"excl. {', '.join(r.exclude)}" if r.exclude else "")
-        t.add_row(
-            str(r.id),
-            r.at.strftime("%m-%d %H:%M:%S"),
-            r.incident,
-            r.action,
-            targets,
-            r.cause,
-            r.reason,
-        )
+    t = decision_table("waiting for approval", rows, last="reason")
     Console().print(t)
     click.echo("decisions show ID | approve ID | reject ID --reason ...")
 
 
 def _decide(config_path: Path | None, decision_id: int, state: str, detail: dict[str, str]) -> None:
-    ledger = _ledger(config_path)
+    ledger = ledger_of(config_path)
     found = ledger.decision(decision_id)
     if found is None:
         raise click.ClickException(f"decision {decision_id} is not in the ledger")

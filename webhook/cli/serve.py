@@ -15,6 +15,7 @@ import click
 import yaml
 from gunicorn.app.base import BaseApplication
 
+from webhook.cli.common import config_option, policy_option
 from webhook.core.policy import Policy, PolicyError, load_policy
 from webhook.service.config import ConfigError, ServiceConfig, load_config
 
@@ -94,19 +95,8 @@ def run_loop(config: ServiceConfig, policy: Policy) -> None:
 
 
 @click.command()
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    envvar="SLURMEDIC_CONFIG",
-    help="Service config (YAML); embedded defaults otherwise.",
-)
-@click.option(
-    "--policy",
-    "policy_path",
-    type=click.Path(path_type=Path),
-    help="Policy file; overrides the config's policy_file.",
-)
+@config_option
+@policy_option
 def serve(config_path: Path | None, policy_path: Path | None) -> None:
     """Run the webhook (gunicorn) and the live loop that decides."""
     try:
@@ -137,19 +127,8 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
 
 
 @click.command(name="loop")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    envvar="SLURMEDIC_CONFIG",
-    help="Service config (YAML); embedded defaults otherwise.",
-)
-@click.option(
-    "--policy",
-    "policy_path",
-    type=click.Path(path_type=Path),
-    help="Policy file; overrides the config's policy_file.",
-)
+@config_option
+@policy_option
 def loop_cmd(config_path: Path | None, policy_path: Path | None) -> None:
     """Run the live loop alone (`serve` runs it beside the webhook)."""
     try:

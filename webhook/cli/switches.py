@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from webhook.cli.decisions import _ledger, config_option
+from webhook.cli.common import config_option, ledger_of
 from webhook.core.decisions import Decision
 from webhook.executor.runner import INVENTORY, run_playbook
 from webhook.service.config import load_config
@@ -18,7 +18,7 @@ from webhook.service.config import load_config
 @click.argument("to", type=click.Choice(["monitor", "policy"]))
 def switch(config_path: Path | None, to: str) -> None:
     """Send every action back to monitor mode at once (`monitor`), or follow the policy again."""
-    ledger = _ledger(config_path)
+    ledger = ledger_of(config_path)
     ledger.set_setting("switch", {"monitor": to == "monitor"}, datetime.now(UTC))
     if to == "monitor":
         click.echo("every action now runs in check mode only, whatever the policy says")
@@ -35,7 +35,7 @@ def breaker() -> None:
 @config_option
 def status(config_path: Path | None) -> None:
     """Is the breaker open?"""
-    state = _ledger(config_path).setting("breaker") or {}
+    state = ledger_of(config_path).setting("breaker") or {}
     if state.get("open"):
         click.echo(f"open since {state.get('opened_at')}: drains become escalations")
     else:
@@ -47,7 +47,7 @@ def status(config_path: Path | None) -> None:
 def reset(config_path: Path | None) -> None:
     """Close the breaker; drains before now no longer count against it."""
     now = datetime.now(UTC)
-    _ledger(config_path).set_setting("breaker", {"open": False, "reset_at": now.isoformat()}, now)
+    ledger_of(config_path).set_setting("breaker", {"open": False, "reset_at": now.isoformat()}, now)
     click.echo("breaker closed")
 
 
@@ -57,7 +57,7 @@ def reset(config_path: Path | None) -> None:
 def resume(config_path: Path | None, nodes: tuple[str, ...]) -> None:
     """Return repaired NODES to service (only nodes slurmedic drained)."""
     config = load_config(config_path)
-    ledger = _ledger(config_path)
+    ledger = ledger_of(config_path)
     env = {"SLURM_CONF": str(config.cluster.slurm_conf)} if config.cluster.slurm_conf else {}
     now = datetime.now(UTC)
     try:
