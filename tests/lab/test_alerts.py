@@ -78,7 +78,7 @@ def test_gpu_fault_reaches_the_webhook(
     assert alert["labels"]["signal"] == signal
     assert alert["labels"]["gpu"] == "5"
     # Nothing about the healthy node of the same job.
-    assert not receiver.alerts(alertname, since=since, node=nodes[0])
+    assert not receiver.alerts(alertname, since=since, node=nodes[0], **labels)
 
 
 def test_alertmanager_sends_the_bearer_token(
