@@ -163,6 +163,12 @@ def test_basic_auth(server: Server) -> None:
             "alerts: List should have at least 1 item",
         ),
         (json.dumps({**payload(), "status": "burning"}).encode(), "status: Input should be"),
+        (b"[" * 100_00 + b"]" * 100_00, "body is not JSON"),  # deeper than the parser goes
+        (
+            json.dumps(payload()).replace('"gpu": "3"', '"gpu": NaN').encode(),
+            "NaN is not a JSON number",
+        ),
+        (json.dumps(payload()).replace("22:07:04.696Z", "22:07:04.696").encode(), "timezone"),
     ],
 )
 def test_bad_bodies_400_with_a_reason(server: Server, raw: bytes, reason: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
 from pydantic import ValidationError
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, SQLAlchemyError
 
 from webhook.core.alerts import Payload
 from webhook.core.policy import describe
@@ -37,6 +37,10 @@ def _authorized() -> bool:
     return False
 
 
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _error(status: int, reason: str) -> tuple[Response, int]:
     return jsonify(error="bad request" if status == 400 else "unauthorized", reason=reason), status
 
@@ -49,9 +53,13 @@ def receive() -> Any:
         return resp, status
     body = request.get_data(cache=False)  # over MAX_CONTENT_LENGTH: 413 before we read it
     try:
-        raw = json.loads(body)
+        raw = json.loads(body, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError) as e:
         return _error(400, f"body is not JSON: {e}")
+    except RecursionError:
+        return _error(400, "body is not JSON: nested too deeply")
+    if "\\u0000" in body.decode("utf-8", "replace"):
+        return _error(400, "body holds a NUL character, which no alert field may")
     if not isinstance(raw, dict):
         return _error(400, "body must be a JSON object (an Alertmanager v4 payload)")
     try:
@@ -61,6 +69,9 @@ def receive() -> Any:
     ledger = current_app.extensions["slurmedic"]["ledger"]
     try:
         stored = ledger.store(raw, payload, datetime.now(UTC), request.remote_addr or "")
+    except DataError as e:
+        # The database refused a value the client sent: the client's fault, say which.
+        return _error(400, f"a value cannot be stored: {str(e.orig).splitlines()[0][:200]}")
     except SQLAlchemyError:
         current_app.logger.exception("ledger write failed")
         # Not the client's fault, and Alertmanager retries a 5xx: nothing is lost.

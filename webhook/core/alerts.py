@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 FNV_OFFSET, FNV_PRIME, SEPARATOR = 14695981039346656037, 1099511628211, 0xFF
 ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -29,10 +28,10 @@ class Alert(BaseModel):
     status: Literal["firing", "resolved"]
     labels: dict[str, str]
     annotations: dict[str, str] = {}
-    startsAt: datetime
-    endsAt: datetime | None = None
+    startsAt: AwareDatetime
+    endsAt: AwareDatetime | None = None
     generatorURL: str = ""
-    fingerprint: str = ""
+    fingerprint: str = Field(default="", pattern=r"^[0-9a-f]{0,32}$")
 
     def model_post_init(self, _context: object) -> None:
         if not self.fingerprint:

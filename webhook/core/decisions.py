@@ -176,7 +176,9 @@ def _drain(
     guards: GuardState,
     now: datetime,
 ) -> Decision:
-    nodes = tuple(n for n in attr.nodes if _in_scope(policy, view.nodes[n].partition))
+    nodes = tuple(
+        n for n in attr.nodes if n in view.nodes and _in_scope(policy, view.nodes[n].partition)
+    )
     if not nodes:
         return replace(
             base,
@@ -232,9 +234,11 @@ def _requeue(
                 reason=f"job {job.id} did not opt in to requeues; {attr.reason}",
             )
         ]
-    budget = opts.get("max_requeues", policy.retry_budget.max_requeues)
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
-        budget = policy.retry_budget.max_requeues
+    # A job may ask for fewer requeues than the policy allows, never for more.
+    budget = policy.retry_budget.max_requeues
+    wanted = opts.get("max_requeues")
+    if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
+        budget = min(budget, wanted)
     used = guards.requeues(job.id, now - policy.retry_budget.window)
     if used >= budget:
         why = (

@@ -27,6 +27,7 @@ class Incident:
     opened_at: datetime
     evidence: list[Evidence] = field(default_factory=list)
     decided: bool = False
+    decided_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -84,20 +85,39 @@ class Engine:
     def _incidents_for(self, ev: Evidence, at: datetime) -> list[Incident]:
         if ev.job is not None:
             job = self.view.jobs.get(ev.job)
-            return [self._incident(self._job_key(ev.job, job), ev.job, None, at)]
+            # A job label is believed when the view confirms it (or names no node to check).
+            if job is not None and (ev.node is None or ev.node in job.nodes):
+                return [self._incident(self._attempt_key(job, ev.starts_at), job.id, None, at)]
         if ev.node is None:
             return []
-        # No job label: the job(s) that ran on the node when the alert started.
+        # No job label (or one the view contradicts): the job(s) on the node at startsAt.
         jobs = self.view.jobs_on(ev.node, ev.starts_at)
         if jobs:
-            return [self._incident(j.attempt, j.id, None, at) for j in jobs]
+            return [
+                self._incident(self._attempt_key(j, ev.starts_at), j.id, None, at) for j in jobs
+            ]
         if ev.signal not in HARDWARE:
             return []  # nothing ran there: only evidence against the node itself matters
-        return [self._incident(f"node:{ev.node}", None, ev.node, at)]
+        return [self._incident(self._node_key(ev), None, ev.node, at)]
 
     @staticmethod
-    def _job_key(job_id: int, job: Job | None) -> str:
-        return job.attempt if job else f"{job_id}.0"
+    def _attempt_key(job: Job, starts_at: datetime) -> str:
+        """The attempt that was running when the alert started: a late alert about the attempt
+        slurmedic already requeued belongs to that attempt, not to its successor."""
+        if job.restarts > 0 and job.started is not None and starts_at < job.started:
+            return f"{job.id}.{job.restarts - 1}"
+        return job.attempt
+
+    def _node_key(self, ev: Evidence) -> str:
+        """One incident per failure of an idle node: a new failure after a decision is new."""
+        key, n = f"node:{ev.node}", 1
+        while key in self.incidents:
+            inc = self.incidents[key]
+            if not inc.decided or inc.decided_at is None or ev.starts_at <= inc.decided_at:
+                return key
+            n += 1
+            key = f"node:{ev.node}#{n}"
+        return key
 
     def _incident(self, key: str, job: int | None, node: str | None, at: datetime) -> Incident:
         if key not in self.incidents:
@@ -120,21 +140,40 @@ class Engine:
         )
         decisions: list[Decision] = []
         for incident in due:
-            incident.decided = True
             at = now
             job = self.view.jobs.get(incident.job) if incident.job is not None else None
             job_nodes = job.nodes if job else ((incident.node,) if incident.node else ())
-            attr = attribute(
-                incident.evidence, job_nodes, self.view, self.evidence, self.policy.shared_cause, at
-            )
-            decisions += decide(
-                incident=incident.key,
-                attr=attr,
-                job=job,
-                evidence=incident.evidence,
-                view=self.view,
-                policy=self.policy,
-                guards=self.guards,
-                now=at,
-            )
+            try:
+                attr = attribute(
+                    incident.evidence,
+                    job_nodes,
+                    self.view,
+                    self.evidence,
+                    self.policy.shared_cause,
+                    at,
+                )
+                made = decide(
+                    incident=incident.key,
+                    attr=attr,
+                    job=job,
+                    evidence=incident.evidence,
+                    view=self.view,
+                    policy=self.policy,
+                    guards=self.guards,
+                    now=at,
+                )
+            except Exception as e:  # one bad incident must not stop the others
+                made = [
+                    Decision(
+                        at=at,
+                        incident=incident.key,
+                        job=incident.job,
+                        action="escalate",
+                        cause="unknown",
+                        reason=f"slurmedic could not decide: {e!r}"[:300],
+                        guard="engine_error",
+                    )
+                ]
+            incident.decided, incident.decided_at = True, at
+            decisions += made
         return decisions

@@ -22,6 +22,8 @@ def _duration(value: Any) -> timedelta:
     if isinstance(value, timedelta):
         return value
     if isinstance(value, int | float) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"{value!r} is negative")
         return timedelta(seconds=value)
     match = _DURATION.match(str(value))
     if not match:

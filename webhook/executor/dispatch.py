@@ -31,6 +31,7 @@ from webhook.ledger.store import Ledger
 
 log = logging.getLogger("slurmedic.executor")
 ORDER = {"drain": 0, "resume": 0, "requeue": 1, "stop": 1}
+WAITING = {"pending", "awaiting_approval", "approved", "running"}
 # Slurm answers that mean "try again in a moment", not "no".
 TRANSIENT = re.compile(
     r"Socket timed out|Unable to contact slurm controller|Zero Bytes were "
@@ -109,9 +110,29 @@ class Dispatcher:
                     )
                 return
 
+    def _drains_first(self, row: DecisionRow) -> str | None:
+        """For a requeue or stop: None to go ahead, "wait" while the incident's drain is still
+        undecided or running, or why it must fail (the drain failed)."""
+        if row.action not in ("requeue", "stop"):
+            return None
+        drains = [r for r in self.ledger.incident_decisions(row.incident) if r.action == "drain"]
+        if any(d.state in WAITING for d in drains):
+            return "wait"
+        failed = [d.id for d in drains if d.state == "failed"]
+        return f"drain (decision {failed[0]}) failed first" if failed else None
+
     def _run_one(self, row: DecisionRow) -> bool:
         target = playbook_for(row)
         monitor = row.mode == "monitor" or self.force_monitor()
+        if not monitor:
+            blocked = self._drains_first(row)
+            if blocked == "wait":
+                return True  # picked up again once the drain is decided and done
+            if blocked is not None:
+                self.ledger.add_event(
+                    row.id, "failed", {"by": "executor", "error": blocked}, self.clock()
+                )
+                return False
         if target is None:  # escalate / none: nothing to run
             self.ledger.add_event(
                 row.id,

@@ -79,7 +79,7 @@ class Ledger:
                     "notification_id": note_id,
                     "received_at": received_at,
                     "fingerprint": a.fingerprint,
-                    "starts_at": a.startsAt,
+                    "starts_at": a.startsAt.astimezone(UTC),
                     "status": a.status,
                     # The alert as received (already JSON), with the fingerprint filled in.
                     "alert": {**raw_alert, "fingerprint": a.fingerprint},
@@ -177,6 +177,13 @@ class Ledger:
     def rows(self, ids: Sequence[int]) -> list[DecisionRow]:
         with self.session() as s:
             return list(s.scalars(select(DecisionRow).where(DecisionRow.id.in_(ids))).all())
+
+    def incident_decisions(self, incident: str) -> list[DecisionRow]:
+        with self.session() as s:
+            rows = s.scalars(
+                select(DecisionRow).where(DecisionRow.incident == incident).order_by(DecisionRow.id)
+            ).all()
+            return list(rows)
 
     def in_state(self, *states: str) -> list[DecisionRow]:
         with self.session() as s:

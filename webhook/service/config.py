@@ -31,6 +31,8 @@ class Auth(_Strict):
         token = None
         if self.bearer_token_file is not None:
             token = self.bearer_token_file.read_text().strip().encode()
+            if not token:
+                raise ConfigError(f"auth.bearer_token_file: {self.bearer_token_file} is empty")
         elif self.bearer_token_env:
             value = os.environ.get(self.bearer_token_env, "")
             if not value:
@@ -38,10 +40,10 @@ class Auth(_Strict):
             token = value.encode()
         basic = None
         if self.basic_user and self.basic_password_file is not None:
-            basic = (
-                self.basic_user.encode(),
-                self.basic_password_file.read_text().strip().encode(),
-            )
+            password = self.basic_password_file.read_text().strip().encode()
+            if not password:
+                raise ConfigError(f"auth.basic_password_file: {self.basic_password_file} is empty")
+            basic = (self.basic_user.encode(), password)
         if token is None and basic is None:
             raise ConfigError(
                 "auth: give bearer_token_file, bearer_token_env or basic_user + "

@@ -41,7 +41,9 @@ class LiveLoop:
         self.last_alert = 0
         self.view_at = 0.0
         now = clock()
-        self.engine = Engine.with_history(self._view() or ClusterView(), policy, [])
+        self.started = now
+        view = self._view()
+        self.engine = Engine.with_history(view or ClusterView(), policy, [])
         self.engine.guards.history = list(
             ledger.history(now - max(policy.retry_budget.window, policy.breaker.window))
         )
@@ -53,7 +55,16 @@ class LiveLoop:
             self.engine.incidents[key] = Incident(
                 key=key, job=None, node=None, opened_at=now, decided=True
             )
-        self._feed(since=now - REPLAY_HORIZON)
+        # Alerts are judged against the cluster: without a view yet, wait for one.
+        self.caught_up = False
+        if view is not None and view.nodes:
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Feed the ledger's alerts of the last hour (older ones are history, not evidence)."""
+        while self._feed(since=self.started - REPLAY_HORIZON):
+            pass
+        self.caught_up = True
 
     def _view(self) -> ClusterView | None:
         try:
@@ -77,6 +88,10 @@ class LiveLoop:
             view = self._view()
             if view is not None:
                 self.engine.update_view(view)
+        if not self.caught_up:
+            if not self.engine.view.nodes:
+                return []
+            self._catch_up()
         while self._feed():
             pass
         self._sync_breaker()

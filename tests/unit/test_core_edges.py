@@ -1,0 +1,136 @@
+"""Edges a review found: late alerts after a requeue, labels that contradict the view, budgets a
+comment cannot raise, idle nodes that fail again, alerts without a time zone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from webhook.core.alerts import Alert, Payload, wrap
+from webhook.core.cluster import ClusterView, Job, Node
+from webhook.core.decisions import PastAction
+from webhook.core.engine import Engine
+from webhook.core.policy import load_policy
+from webhook.service.config import Auth, ConfigError
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def view(**jobs: tuple[str, ...]) -> ClusterView:
+    v = ClusterView()
+    for i in range(1, 7):
+        v.nodes[f"gpu0{i}"] = Node(f"gpu0{i}", "train")
+    for name, nodes in jobs.items():
+        jid = int(name.removeprefix("j"))
+        v.set_job(Job(id=jid, nodes=nodes, partition="train", started=T0 - timedelta(hours=1)))
+    return v
+
+
+def alert(at: datetime, **labels: str) -> Payload:
+    return wrap([Alert(status="firing", startsAt=at, labels={"alertname": "A", **labels})])
+
+
+def engine(v: ClusterView, **policy: object) -> Engine:
+    return Engine(view=v, policy=load_policy({"settle_seconds": 10, **policy}))
+
+
+def test_a_late_alert_about_the_requeued_attempt_does_not_requeue_the_successor() -> None:
+    e = engine(view(j1=("gpu01", "gpu02")))
+    e.receive(alert(T0, signal="gpu_hw", node="gpu01", slurm_job_id="1"), T0)
+    first = e.tick(T0 + timedelta(seconds=10))
+    assert {d.action for d in first} == {"drain", "requeue"}
+    # Slurm requeued it: attempt 1 started after the fault.
+    e.update_view(view())
+    e.view.set_job(
+        Job(
+            id=1,
+            nodes=("gpu03", "gpu04"),
+            partition="train",
+            restarts=1,
+            started=T0 + timedelta(seconds=30),
+        )
+    )
+    late = T0 + timedelta(seconds=40)
+    e.receive(
+        alert(T0 + timedelta(seconds=5), signal="nccl_timeout", node="gpu02", slurm_job_id="1"),
+        late,
+    )
+    assert e.tick(late + timedelta(seconds=10)) == []
+    assert set(e.incidents) == {"1.0"}
+
+
+def test_a_job_label_the_view_contradicts_is_not_believed() -> None:
+    e = engine(view(j1=("gpu01", "gpu02"), j2=("gpu03",)))
+    e.receive(alert(T0, signal="gpu_hw", node="gpu03", slurm_job_id="1"), T0)  # stale hpc_job
+    decisions = e.tick(T0 + timedelta(seconds=10))
+    assert {(d.action, d.job) for d in decisions} == {("drain", 2), ("requeue", 2)}
+
+
+def test_an_unknown_job_label_does_not_drain_for_a_straggler() -> None:
+    e = engine(view())
+    e.receive(alert(T0, signal="straggler", node="gpu05", slurm_job_id="77"), T0)
+    assert e.tick(T0 + timedelta(seconds=10)) == []
+
+
+def test_a_comment_cannot_raise_the_retry_budget() -> None:
+    v = view()
+    v.set_job(
+        Job(
+            id=1,
+            nodes=("gpu01", "gpu02"),
+            partition="train",
+            started=T0 - timedelta(hours=1),
+            comment='{"slurmedic": {"max_requeues": 1000}}',
+        )
+    )
+    history = [PastAction(at=T0 - timedelta(hours=i), action="requeue", job=1) for i in range(1, 4)]
+    e = Engine.with_history(v, load_policy({"settle_seconds": 10}), history)
+    e.receive(alert(T0, signal="gpu_hw", node="gpu01", slurm_job_id="1"), T0)
+    decisions = e.tick(T0 + timedelta(seconds=10))
+    assert ("stop", "retry_budget_exhausted") in {(d.action, d.guard) for d in decisions}
+    assert "requeue" not in {d.action for d in decisions}
+
+
+def test_an_idle_node_that_fails_again_after_a_decision_is_a_new_incident() -> None:
+    e = engine(view())
+    e.receive(alert(T0, signal="gpu_hw", node="gpu06", xid="79"), T0)
+    assert [d.action for d in e.tick(T0 + timedelta(seconds=10))] == ["drain"]
+    again = T0 + timedelta(hours=2)  # repaired, resumed, failed again
+    e.receive(alert(again, signal="gpu_hw", node="gpu06", xid="48"), again)
+    second = e.tick(again + timedelta(seconds=10))
+    assert [(d.action, d.incident) for d in second] == [("drain", "node:gpu06#2")]
+
+
+def test_alerts_without_a_time_zone_are_refused() -> None:
+    with pytest.raises(ValidationError, match="timezone"):
+        Payload.model_validate(
+            {
+                "status": "firing",
+                "alerts": [
+                    {"status": "firing", "labels": {"a": "b"}, "startsAt": "2026-11-29T11:59:00"}
+                ],
+            }
+        )
+
+
+def test_fingerprints_are_hex() -> None:
+    with pytest.raises(ValidationError):
+        Alert(status="firing", labels={}, startsAt=T0, fingerprint="x" * 40)
+
+
+def test_empty_secrets_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("  \n")
+    with pytest.raises(ConfigError, match=r"bearer_token_file: .* is empty"):
+        Auth(bearer_token_file=tmp_path / "token").secrets()
+    with pytest.raises(ConfigError, match=r"basic_password_file: .* is empty"):
+        Auth(basic_user="am", basic_password_file=tmp_path / "token").secrets()
+
+
+def test_negative_windows_are_refused() -> None:
+    from webhook.core.policy import PolicyError
+
+    with pytest.raises(PolicyError, match=r"retry_budget\.window: -5 is negative"):
+        load_policy({"retry_budget": {"window": -5}})
