@@ -42,20 +42,21 @@ def running_job(
     return job, names
 
 
-@pytest.mark.parametrize(
-    ("inject", "alertname", "signal"),
-    [
-        ({"kind": "xid", "xid": 79}, "GpuXidNodeFault", "gpu_hw"),
-        ({"kind": "xid", "xid": 13}, "GpuXidApplicationFault", "gpu_app"),
-        ({"kind": "ecc_dbe", "count": 2}, "GpuDoubleBitEccErrors", "gpu_hw"),
-        ({"kind": "row_remap_failure"}, "GpuRowRemapFailure", "gpu_hw"),
-        ({"kind": "row_remap_failure"}, "GpuUncorrectableRemappedRows", "gpu_hw"),
-        ({"kind": "nvlink", "rate": 50}, "GpuNvlinkErrors", "gpu_hw"),
-        ({"kind": "pcie", "rate": 200}, "GpuPcieReplays", "gpu_hw"),
-        ({"kind": "thermal"}, "GpuThrottled", "straggler"),
-        ({"kind": "gpu_lost"}, "GpuMissing", "gpu_hw"),
-    ],
-)
+# Each fault class, the alert it raises, its signal.
+FAULTS = [
+    ({"kind": "xid", "xid": 79}, "GpuXidNodeFault", "gpu_hw"),
+    ({"kind": "xid", "xid": 13}, "GpuXidApplicationFault", "gpu_app"),
+    ({"kind": "ecc_dbe", "count": 2}, "GpuDoubleBitEccErrors", "gpu_hw"),
+    ({"kind": "row_remap_failure"}, "GpuRowRemapFailure", "gpu_hw"),
+    ({"kind": "row_remap_failure"}, "GpuUncorrectableRemappedRows", "gpu_hw"),
+    ({"kind": "nvlink", "rate": 50}, "GpuNvlinkErrors", "gpu_hw"),
+    ({"kind": "pcie", "rate": 200}, "GpuPcieReplays", "gpu_hw"),
+    ({"kind": "thermal"}, "GpuThrottled", "straggler"),
+    ({"kind": "gpu_lost"}, "GpuMissing", "gpu_hw"),
+]
+
+
+@pytest.mark.parametrize(("inject", "alertname", "signal"), FAULTS)
 def test_gpu_fault_reaches_the_webhook(
     lab_cfg: LabConfig,
     receiver: Receiver,
@@ -67,16 +68,20 @@ def test_gpu_fault_reaches_the_webhook(
 ) -> None:
     job, nodes = running_job(lab_cfg, submit)
     since = time.time()
+    inject = dict(inject)
     kind = inject.pop("kind")
-    manage.inject_gpu(lab_cfg, kind, nodes[1], 5, **inject)
+    # Each fault class on a GPU of its own: a cleared fault of the previous test (same node,
+    # maybe) must not be this test's evidence, nor its counter reset this test's noise.
+    gpu = [f[1] for f in FAULTS].index(alertname) % 8
+    manage.inject_gpu(lab_cfg, kind, nodes[1], gpu, **inject)
     # The alert for this job: an earlier test's fault on the same node may still be firing
     # (its window has not passed) under that test's job id.
     labels = {} if alertname == "GpuMissing" else {"slurm_job_id": str(job)}
-    alert = delivered(receiver, alertname, since, node=nodes[1], **labels)
+    alert = delivered(receiver, alertname, since, node=nodes[1], gpu=str(gpu), **labels)
     # GpuMissing names no job: its lookback also sees jobs that ended (see the rule).
     assert alert["labels"].get("slurm_job_id") == (None if alertname == "GpuMissing" else str(job))
     assert alert["labels"]["signal"] == signal
-    assert alert["labels"]["gpu"] == "5"
+    assert alert["labels"]["gpu"] == str(gpu)
     # Nothing about the healthy node of the same job.
     assert not receiver.alerts(alertname, since=since, node=nodes[0], **labels)
 
