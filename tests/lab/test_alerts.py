@@ -47,8 +47,8 @@ FAULTS = [
     ({"kind": "xid", "xid": 79}, "GpuXidNodeFault", "gpu_hw"),
     ({"kind": "xid", "xid": 13}, "GpuXidApplicationFault", "gpu_app"),
     ({"kind": "ecc_dbe", "count": 2}, "GpuDoubleBitEccErrors", "gpu_hw"),
-    ({"kind": "row_remap_failure"}, "GpuRowRemapFailure", "gpu_hw"),
-    ({"kind": "row_remap_failure"}, "GpuUncorrectableRemappedRows", "gpu_hw"),
+    # A failed row remap raises both alerts, in the same job attempt.
+    ({"kind": "row_remap_failure"}, "GpuRowRemapFailure+GpuUncorrectableRemappedRows", "gpu_hw"),
     ({"kind": "nvlink", "rate": 50}, "GpuNvlinkErrors", "gpu_hw"),
     ({"kind": "pcie", "rate": 200}, "GpuPcieReplays", "gpu_hw"),
     ({"kind": "thermal"}, "GpuThrottled", "straggler"),
@@ -77,13 +77,14 @@ def test_gpu_fault_reaches_the_webhook(
     # The alert for this job: an earlier test's fault on the same node may still be firing
     # (its window has not passed) under that test's job id.
     labels = {} if alertname == "GpuMissing" else {"slurm_job_id": str(job)}
-    alert = delivered(receiver, alertname, since, node=nodes[1], gpu=str(gpu), **labels)
-    # GpuMissing names no job: its lookback also sees jobs that ended (see the rule).
-    assert alert["labels"].get("slurm_job_id") == (None if alertname == "GpuMissing" else str(job))
-    assert alert["labels"]["signal"] == signal
-    assert alert["labels"]["gpu"] == str(gpu)
-    # Nothing about the healthy node of the same job.
-    assert not receiver.alerts(alertname, since=since, node=nodes[0], **labels)
+    for name in alertname.split("+"):
+        alert = delivered(receiver, name, since, node=nodes[1], gpu=str(gpu), **labels)
+        # GpuMissing names no job: its lookback also sees jobs that ended (see the rule).
+        assert alert["labels"].get("slurm_job_id") == (None if name == "GpuMissing" else str(job))
+        assert alert["labels"]["signal"] == signal
+        assert alert["labels"]["gpu"] == str(gpu)
+        # Nothing about the healthy node of the same job.
+        assert not receiver.alerts(name, since=since, node=nodes[0], **labels)
 
 
 def test_alertmanager_sends_the_bearer_token(
