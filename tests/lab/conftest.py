@@ -6,6 +6,8 @@ It is brought up once for all lab tests and torn down at the end, leaving nothin
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,11 +17,14 @@ from typing import Any, TypeVar
 
 import pytest
 import requests
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from lab import api, manage
+from lab import api, manage, monitoring, processes
 from lab.config import LabConfig
 from lab.slurm import slurm
+from webhook.ledger.store import Ledger
+from webhook.service.config import load_config
 
 T = TypeVar("T")
 TEST_PORT_BASE = 27000
@@ -172,3 +177,38 @@ def receiver(lab_cfg: LabConfig) -> Iterator[Receiver]:
     yield r
     r.server.shutdown()
     r.server.server_close()
+
+
+def serve_slurmedic(cfg: LabConfig, tmp: Path, mode: str) -> Ledger:
+    policy = tmp / f"policy-{mode}.yml"
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "mode": mode,
+                "settle_seconds": 5,
+                "breaker": {"max_fraction": 0.5},
+                # One fault per test, but several tests within minutes under the lab's 4-node
+                # leaves would look like a switch storm: these tests are not about that.
+                "shared_cause": {"switch_min_nodes": 5, "cluster_min_nodes": 9},
+            }
+        )
+    )
+    processes.stop(cfg, "slurmedic")
+    # Earlier tests' drains (monitor ones too) count against the breaker; a human resets it.
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "breaker",
+            "reset",
+            f"--config={cfg.slurmedic_config}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    monitoring.start_slurmedic(cfg, policy)
+    return Ledger(load_config(cfg.slurmedic_config).database_url)

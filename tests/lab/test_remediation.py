@@ -17,38 +17,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from lab import manage, monitoring, processes
 from lab.config import LabConfig
 from lab.slurm import slurm
-from tests.lab.conftest import eventually, joblog, query, running_nodes
+from tests.lab.conftest import eventually, joblog, query, running_nodes, serve_slurmedic
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
-from webhook.service.config import load_config
 
 pytestmark = pytest.mark.lab
-
-
-def serve_with(cfg: LabConfig, tmp: Path, mode: str) -> Ledger:
-    policy = tmp / f"policy-{mode}.yml"
-    policy.write_text(
-        yaml.safe_dump(
-            {
-                "mode": mode,
-                "settle_seconds": 5,
-                "breaker": {"max_fraction": 0.5},
-                # One fault per test, but several tests within minutes under the lab's 4-node
-                # leaves would look like a switch storm: these tests are not about that.
-                "shared_cause": {"switch_min_nodes": 5, "cluster_min_nodes": 9},
-            }
-        )
-    )
-    processes.stop(cfg, "slurmedic")
-    # Earlier tests' drains (monitor ones too) count against the breaker; a human resets it.
-    assert cli(cfg, "breaker", "reset").returncode == 0
-    monitoring.start_slurmedic(cfg, policy)
-    return Ledger(load_config(cfg.slurmedic_config).database_url)
 
 
 def restore(cfg: LabConfig) -> None:
@@ -75,7 +52,7 @@ def healthy_after(lab_cfg: LabConfig) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def enforce(lab_cfg: LabConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
-    yield serve_with(lab_cfg, tmp_path_factory.mktemp("enforce"), "enforce")
+    yield serve_slurmedic(lab_cfg, tmp_path_factory.mktemp("enforce"), "enforce")
     restore(lab_cfg)
 
 
@@ -179,7 +156,7 @@ def test_approve_mode_waits_for_a_human(
     submit: Callable[..., int],
     tmp_path: Path,
 ) -> None:
-    ledger = serve_with(lab_cfg, tmp_path, "approve")
+    ledger = serve_slurmedic(lab_cfg, tmp_path, "approve")
     job = submit(nodes=3)
     nodes = running_nodes(lab_cfg, job)
     mapped(lab_cfg, job)
@@ -217,7 +194,7 @@ def test_approve_mode_waits_for_a_human(
 def test_the_global_switch_sends_enforce_back_to_dry_runs_at_once(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int], tmp_path: Path
 ) -> None:
-    ledger = serve_with(lab_cfg, tmp_path, "enforce")
+    ledger = serve_slurmedic(lab_cfg, tmp_path, "enforce")
     assert cli(lab_cfg, "switch", "monitor").returncode == 0
     try:
         job = submit(nodes=2)
@@ -282,7 +259,7 @@ def test_resume_returns_only_nodes_slurmedic_drained(lab_cfg: LabConfig, enforce
 def test_kill_9_while_a_playbook_runs_is_reconciled_and_never_runs_twice(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int], tmp_path: Path
 ) -> None:
-    ledger = serve_with(lab_cfg, tmp_path, "enforce")
+    ledger = serve_slurmedic(lab_cfg, tmp_path, "enforce")
     job = submit(nodes=3)
     nodes = running_nodes(lab_cfg, job)
     mapped(lab_cfg, job)

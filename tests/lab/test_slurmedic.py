@@ -8,21 +8,19 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from lab import manage, monitoring, processes
+from lab import manage, processes
 from lab.config import LabConfig
 from lab.slurm import slurm
-from tests.lab.conftest import eventually, query, running_nodes
+from tests.lab.conftest import eventually, query, running_nodes, serve_slurmedic
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
-from webhook.service.config import load_config
 
 pytestmark = pytest.mark.lab
 
 
 @pytest.fixture(scope="module")
-def ledger(lab_cfg: LabConfig) -> Iterator[Ledger]:
-    monitoring.start_slurmedic(lab_cfg)
-    yield Ledger(load_config(lab_cfg.slurmedic_config).database_url)
+def ledger(lab_cfg: LabConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
+    yield serve_slurmedic(lab_cfg, tmp_path_factory.mktemp("monitor"), "monitor")
     processes.stop(lab_cfg, "slurmedic")
 
 
