@@ -34,7 +34,13 @@ def running_job(
 ) -> tuple[int, list[str]]:
     job = submit(nodes=nodes)
     names = running_nodes(lab_cfg, job)
-    # GPUs are mapped to the job (dcgm hpc_job) before the fault, as a job's prolog would.
+    # Every GPU of every node is mapped to the job (dcgm hpc_job) in Prometheus before the
+    # fault, as a job's prolog would have it. (A counter that rises in the very scrape where
+    # its series first carries the job is one increase() cannot see: a known limit.)
+    eventually(
+        lambda: len(query(lab_cfg, f'DCGM_FI_DEV_GPU_UTIL{{hpc_job="{job}"}}')) == 8 * nodes,
+        what="all the job's GPUs mapped",
+    )
     eventually(
         lambda: len(query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}')) == 1,
         what="job visible as running",
