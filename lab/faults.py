@@ -10,7 +10,6 @@ import contextlib
 import fcntl
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -112,14 +111,5 @@ def add_job_fault(path: Path, fault: JobFault) -> None:
         _atomic_write(path, state.model_dump_json(indent=1))
 
 
-def clear_job_faults(path: Path) -> None:
-    with _locked(path):
-        _atomic_write(path, JobControl().model_dump_json())
-
-
 def write_json(path: Path, data: dict[str, Any]) -> None:
     _atomic_write(path, json.dumps(data))
-
-
-def now() -> float:
-    return time.time()
