@@ -99,6 +99,24 @@ def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60
         f"  decided {decided_after:.1f}s after the fault (the lab's settle window is 5 s); Slurm "
         "was not touched: monitor mode runs the playbooks in check mode only."
     )
+
+    console.rule("6. diagnostics of the node (read-only, collected in monitor mode too)")
+    drain = next((r for r in rows if r.action == "drain"), None)
+    diag: list = []  # type: ignore[type-arg]
+
+    def collected() -> bool:
+        found = ledger.decision(drain.id) if drain else None
+        diag[:] = [e.detail["diagnostics"] for e in (found[1] if found else [])
+                   if "diagnostics" in e.detail]  # fmt: skip
+        return bool(diag)
+
+    if drain is not None and wait_until(collected, timeout, 0.5):
+        for node, d in sorted(diag[0].get("nodes", {}).items()):
+            console.print(f"  {node}: [bold]{d.get('verdict')}[/bold]  {d.get('artifacts', '')}")
+            for line in d.get("summary", [])[:2] + [
+                ln for ln in d.get("summary", []) if ln.startswith(("- ", "nvidia-smi:"))
+            ]:
+                console.print(f"      {line}", markup=False, highlight=False)
     console.print("  .venv/bin/slurmedic decisions list --config " + str(cfg.slurmedic_config))
 
     console.rule("the lab keeps running")

@@ -52,6 +52,8 @@ def prometheus_config(cfg: LabConfig) -> dict[str, Any]:
             # Pushed series carry their own job/instance; keep them (the Pushgateway docs' advice).
             job("pushgateway", [cfg.pushgateway_port], honor_labels=True),
             job("mtail", [cfg.mtail_port]),
+            # slurmedic's own /metrics (when `lab serve` runs it on the receiver port).
+            job("slurmedic", [cfg.receiver_port]),
         ],
     }
 
@@ -95,6 +97,39 @@ def slurmedic_config(cfg: LabConfig) -> dict[str, Any]:
         "cluster": {"slurm_conf": str(cfg.slurm_conf), "refresh_seconds": 1},
         "tick_seconds": 0.5,
         "workers": 2,
+        "verification": {"prometheus_url": cfg.url(cfg.prometheus_port), "interval_seconds": 1},
+        "executor": {
+            "inventory": str(cfg.etc / "inventory.yml"),
+            "artifacts_dir": str(cfg.run_dir / "slurmedic" / "artifacts"),
+        },
+    }
+
+
+def inventory(cfg: LabConfig) -> dict[str, Any]:
+    """Ansible inventory for the lab: the controller and every node are this machine; each
+    node's nvidia-smi is the lab's fake one and its slurmd log is the lab's."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": cfg.python}
+    nodes = {
+        node: {
+            **local,
+            "slurmedic_nvidia_smi": [
+                cfg.python,
+                "-m",
+                "lab.nvidia_smi",
+                f"--lab-dir={cfg.run_dir}",
+                f"--node={node}",
+            ],
+            "slurmedic_slurmd_log": str(cfg.logs / f"slurmd-{node}.log"),
+        }
+        for node in cfg.nodes
+    }
+    return {
+        "all": {
+            "children": {
+                "slurm_controller": {"hosts": {"localhost": local}},
+                "slurm_nodes": {"hosts": nodes},
+            }
+        }
     }
 
 
@@ -129,11 +164,17 @@ def write_config(cfg: LabConfig) -> None:
         cfg.webhook_token_file.chmod(0o600)
     _write_yaml(cfg.etc / "alertmanager.yml", alertmanager_config(cfg))
     _write_yaml(cfg.slurmedic_config, slurmedic_config(cfg))
+    _write_yaml(cfg.etc / "inventory.yml", inventory(cfg))
     # Monitor mode; a short settle window for the lab's pace; 8 nodes would give a breaker of
     # one node at the default 10 %, so the lab allows half its nodes per hour.
     _write_yaml(
         cfg.etc / "policy.yml",
-        {"mode": "monitor", "settle_seconds": 5, "breaker": {"max_fraction": 0.5}},
+        {
+            "mode": "monitor",
+            "settle_seconds": 5,
+            "breaker": {"max_fraction": 0.5},
+            "verify": {"deadline": "90s"},
+        },
     )
     cfg.joblogs.mkdir(parents=True, exist_ok=True)
     cfg.jobs.mkdir(parents=True, exist_ok=True)
@@ -215,11 +256,12 @@ def wait_ready(cfg: LabConfig, timeout: float = 20.0) -> None:
 
 
 def wait_scraped(cfg: LabConfig, timeout: float = 20.0) -> None:
-    """Wait until Prometheus has scraped every target successfully once."""
+    """Wait until Prometheus has scraped every target successfully once (slurmedic's own is up
+    only while `lab serve` runs it)."""
 
     def all_up() -> bool:
         r = requests.get(f"{cfg.prometheus_url}/api/v1/targets", timeout=1).json()
-        targets = r["data"]["activeTargets"]
+        targets = [t for t in r["data"]["activeTargets"] if t["labels"]["job"] != "slurmedic"]
         return bool(targets) and all(t["health"] == "up" for t in targets)
 
     if not processes.wait_until(all_up, timeout, 0.2):

@@ -187,6 +187,7 @@ def serve_slurmedic(cfg: LabConfig, tmp: Path, mode: str) -> Ledger:
                 "mode": mode,
                 "settle_seconds": 5,
                 "breaker": {"max_fraction": 0.5},
+                "verify": {"deadline": "90s"},
                 # One fault per test, but several tests within minutes under the lab's 4-node
                 # leaves would look like a switch storm: these tests are not about that.
                 "shared_cause": {"switch_min_nodes": 5, "cluster_min_nodes": 9},

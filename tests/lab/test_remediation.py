@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from lab import manage, monitoring, processes
+from lab import api, manage, monitoring, processes
 from lab.config import LabConfig
 from lab.slurm import slurm
 from tests.lab.conftest import eventually, joblog, query, running_nodes, serve_slurmedic
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
+from webhook.rules import dashboards
 
 pytestmark = pytest.mark.lab
 
@@ -114,6 +115,21 @@ def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
         ),
         what="progress past the checkpoint",
     )
+    # slurmedic saw it too: the recovery is verified, with the time to restore training.
+    recovery = eventually(
+        lambda: [r for r in enforce.recoveries("recovered") if r.incident == f"{job}.0"],
+        timeout=60,
+        what="recovery verified",
+    )[0]
+    assert recovery.failed_step is not None and recovery.failed_step >= 5
+    assert recovery.restored_seconds is not None and recovery.restored_seconds > 0
+    eventually(
+        lambda: (
+            query(lab_cfg, 'slurmedic_recoveries_total{outcome="recovered"} >= 1')
+            and query(lab_cfg, "slurmedic_time_to_restore_seconds_count >= 1")
+        ),
+        what="the recovery in slurmedic's /metrics, scraped by Prometheus",
+    )
     # What ran is in the ledger, command by command.
     _, events = enforce.decision(rows["requeue"].id)  # type: ignore[misc]
     ran = next(e.detail["run"]["commands"] for e in events if "run" in e.detail)
@@ -123,6 +139,52 @@ def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
         f"scontrol release {job}",
     ]
     assert [e.state for e in events] == ["pending", "running", "executed"]
+    # Diagnostics of the drained node, kept after the requeue: its nvidia-smi lost a GPU.
+    diag = eventually(
+        lambda: next(
+            (
+                e.detail["diagnostics"]
+                for e in enforce.decision(rows["drain"].id)[1]  # type: ignore[index]
+                if "diagnostics" in e.detail
+            ),
+            None,
+        ),
+        what="diagnostics recorded",
+    )
+    node = diag["nodes"][bad]
+    assert node["verdict"] == "unhealthy", node
+    assert "nvidia-smi shows 7 of 8 GPUs" in node["problems"]
+    folder = Path(node["artifacts"])
+    assert (folder / "nvidia-smi.xml").is_file() and (folder / "summary.txt").is_file()
+    assert "slurmd" in (folder / "slurmd.log").read_text()
+
+
+def test_every_dashboard_query_answers_after_a_recovery(
+    lab_cfg: LabConfig, enforce: Ledger
+) -> None:
+    """Right after the verified recovery above: every query of the three dashboards runs on the
+    lab's Prometheus without error, and the goodput and recovery panels show data."""
+    recovered = enforce.recoveries("recovered")
+    assert recovered, "the test above leaves a verified recovery"
+    job, bad = recovered[-1].job, None
+    for r in enforce.incident_decisions(recovered[-1].incident):
+        bad = r.nodes[0] if r.action == "drain" else bad
+    values = {
+        "slurm_job_id": str(job),
+        "node": bad or "gpu01",
+        "window": "10m",
+        "__rate_interval": "10s",
+        "__range": "10m",
+    }
+    empty: list[str] = []
+    for path in dashboards.dashboards():
+        for q in dashboards.queries(path, values):
+            result = api.query(lab_cfg, q.expr)  # raises with Prometheus's error if invalid
+            if not result and q.dashboard != "slurmedic-gpu-health":
+                empty.append(f"{path.name} {q.title!r}: {q.expr}")
+    # GPU health may be quiet (no XID now, no ECC errors): only the goodput and recovery
+    # panels must show the run.
+    assert not empty, "\n".join(empty)
 
 
 def test_enforce_stops_an_application_failure_and_drains_nothing(

@@ -9,100 +9,19 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-import yaml
 
 from webhook.ledger.store import Ledger
+from webhook.service.local import TOKEN, Server, start_server, stop_server
 
 # Captured from Alertmanager 0.25 (shared/reference/alertmanager/), kept with the tests.
 REAL = Path(__file__).resolve().parents[1] / "data" / "alertmanager"
-TOKEN = "s3cret-token-for-tests"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Server:
-    url: str
-    db: str
-    proc: subprocess.Popen[bytes]
-
-    def post(
-        self,
-        body: Any,
-        *,
-        token: str | None = TOKEN,
-        raw: bytes | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> requests.Response:
-        h = {"Content-Type": "application/json", **(headers or {})}
-        if token is not None:
-            h["Authorization"] = f"Bearer {token}"
-        data = raw if raw is not None else json.dumps(body).encode()
-        return requests.post(f"{self.url}/api/v1/alerts", data=data, headers=h, timeout=10)
-
-
-def start_server(tmp: Path) -> Server:
-    port = free_port()
-    (tmp / "token").write_text(TOKEN + "\n")
-    (tmp / "password").write_text("hunter2\n")
-    db = f"sqlite:///{tmp / 'ledger.db'}"
-    config = {
-        "listen": f"127.0.0.1:{port}",
-        "database_url": db,
-        "max_body_bytes": 65536,
-        "auth": {
-            "bearer_token_file": str(tmp / "token"),
-            "basic_user": "alertmanager",
-            "basic_password_file": str(tmp / "password"),
-        },
-        "cluster": {"slurm_conf": str(tmp / "no-slurm.conf")},
-    }
-    (tmp / "config.yml").write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "webhook.cli", "serve", f"--config={tmp / 'config.yml'}"],
-        stdout=(tmp / "serve.out").open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return Server(url, db, proc)
-        except requests.RequestException:
-            time.sleep(0.1)
-    stop_server(proc)
-    raise AssertionError((tmp / "serve.out").read_text())
-
-
-def stop_server(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from webhook.service.config import ServiceConfig
 def create_app(config: ServiceConfig, ledger: Ledger | None = None) -> Flask:
     from webhook.app.alerts import alerts
     from webhook.app.health import health
+    from webhook.app.metrics import metrics, timed
 
     app = Flask("slurmedic")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
@@ -26,8 +27,10 @@ def create_app(config: ServiceConfig, ledger: Ledger | None = None) -> Flask:
         "token": token,
         "basic": basic,
     }
+    timed(alerts)
     app.register_blueprint(alerts)
     app.register_blueprint(health)
+    app.register_blueprint(metrics)
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException):  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from pydantic import ValidationError
 from sqlalchemy.exc import DataError, SQLAlchemyError
 
+from webhook.app.metrics import count_alerts
 from webhook.core.alerts import Payload
 from webhook.core.policy import describe
 
@@ -76,5 +77,7 @@ def receive() -> Any:
         current_app.logger.exception("ledger write failed")
         # Not the client's fault, and Alertmanager retries a 5xx: nothing is lost.
         return jsonify(error="unavailable", reason="the ledger cannot be written"), 503
+    resolved = sum(1 for a in payload.alerts if a.status == "resolved")
+    count_alerts(stored.new, stored.duplicates, resolved)
     return jsonify(status="stored", notification=stored.notification, new=stored.new,
                    duplicates=stored.duplicates), 200  # fmt: skip

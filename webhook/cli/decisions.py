@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -100,3 +101,16 @@ def show(config_path: Path | None, decision_id: int, as_json: bool) -> None:
                 c.print(f"      {cmd}", markup=False, highlight=False, soft_wrap=True)
         elif "error" in e.detail:
             c.print(f"    error: {e.detail['error']}")
+        if "diagnostics" in e.detail:
+            _print_diagnostics(c, e.detail["diagnostics"])
+
+
+def _print_diagnostics(c: Console, diag: dict[str, Any]) -> None:
+    if "error" in diag:
+        c.print(f"    diagnostics failed: {diag['error']}", markup=False)
+        return
+    for node, d in sorted(diag.get("nodes", {}).items()):
+        where = "unreachable" if d.get("unreachable") else d.get("artifacts", "")
+        c.print(f"    diagnostics {node}: {d.get('verdict', 'unknown')}  {where}", markup=False)
+        for line in d.get("summary", [])[:12]:
+            c.print(f"      {line}", markup=False, highlight=False)

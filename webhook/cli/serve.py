@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
@@ -31,6 +34,12 @@ def read_policy(path: Path | None) -> Policy:
         raise click.ClickException(f"{path}: {e}") from e
 
 
+def _worker_exit(_server: Any, worker: Any) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+
+
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
     def __init__(self, config: ServiceConfig) -> None:
         self.service = config
@@ -47,6 +56,7 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         # the user; slurmedic needs none (and two instances would fight over it).
         if "control_socket_disable" in self.cfg.settings:
             self.cfg.set("control_socket_disable", True)
+        self.cfg.set("child_exit", _worker_exit)
 
     def load(self) -> Any:
         from webhook.app import create_app
@@ -83,13 +93,22 @@ def run_loop(config: ServiceConfig, policy: Policy) -> None:
             concurrency=config.executor.concurrency,
             retries=config.executor.retries,
             force_monitor=lambda: bool((ledger.setting("switch") or {}).get("monitor")),
+            artifacts=config.executor.artifacts_dir if config.executor.diagnostics else None,
         )
+    verifier = None
+    if config.verification.prometheus_url:
+        from webhook.adapters.prometheus import Prometheus
+        from webhook.service.verify import Verifier
+
+        verifier = Verifier(ledger, Prometheus(config.verification.prometheus_url), policy)
     loop = LiveLoop(
         ledger,
         policy,
         cluster.view,
         refresh_seconds=config.cluster.refresh_seconds,
         dispatcher=dispatcher,
+        verifier=verifier,
+        verify_seconds=config.verification.interval_seconds,
     )
     loop.run(stop, config.tick_seconds)
 
@@ -116,9 +135,14 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
     if policy_path is not None:
         argv.append(f"--policy={policy_path}")
     loop = subprocess.Popen(argv)
+    # /metrics adds up the request counts of every worker from files here (prometheus-client's
+    # multiprocess mode); a fresh directory per run, as its documentation asks.
+    metrics_dir = tempfile.mkdtemp(prefix="slurmedic-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
         _Gunicorn(config).run()
     finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
         loop.terminate()
         try:
             loop.wait(10)

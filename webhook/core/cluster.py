@@ -70,6 +70,14 @@ class Job:
         return opts if isinstance(opts, dict) else {}
 
 
+def eligible(job: Job) -> bool:
+    """Eligible to run, for goodput (ETTR): running, or waiting again after it has run (a
+    requeue). The wait before the first start is the queue's, not a failure's."""
+    if job.state in ACTIVE_STATES:
+        return True
+    return job.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED") and job.restarts > 0
+
+
 @dataclass
 class ClusterView:
     nodes: dict[str, Node] = field(default_factory=dict)

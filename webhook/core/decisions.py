@@ -64,6 +64,8 @@ class PastAction:
     nodes: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     cause: str = ""
+    # recovery_failed: whether the successor failed before writing its first checkpoint
+    before_checkpoint: bool = False
 
 
 @dataclass
@@ -76,8 +78,21 @@ class GuardState:
     breaker_reset_at: datetime | None = None
 
     def requeues(self, job: int, since: datetime) -> int:
+        """Requeues of the job, and recoveries of it that failed: both spend its budget."""
         return sum(
-            1 for h in self.history if h.action == "requeue" and h.job == job and h.at >= since
+            1
+            for h in self.history
+            if h.action in ("requeue", "recovery_failed") and h.job == job and h.at >= since
+        )
+
+    def failed_recoveries(self, job: int, since: datetime, *, before_checkpoint: bool) -> int:
+        return sum(
+            1
+            for h in self.history
+            if h.action == "recovery_failed"
+            and h.job == job
+            and h.at >= since
+            and (h.before_checkpoint or not before_checkpoint)
         )
 
     def drained(self, since: datetime) -> set[str]:
@@ -239,7 +254,18 @@ def _requeue(
     wanted = opts.get("max_requeues")
     if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
         budget = min(budget, wanted)
-    used = guards.requeues(job.id, now - policy.retry_budget.window)
+    since = now - policy.retry_budget.window
+    stalled = guards.failed_recoveries(job.id, since, before_checkpoint=True)
+    if stalled >= policy.verify.max_failures_before_checkpoint:
+        why = (
+            f"job {job.id}'s last {stalled} restart(s) failed before their first checkpoint "
+            f"(limit {policy.verify.max_failures_before_checkpoint}); {attr.reason}"
+        )
+        return [
+            replace(base, action="stop", guard="no_progress", reason=why),
+            replace(base, action="escalate", guard="no_progress", reason=why),
+        ]
+    used = guards.requeues(job.id, since)
     if used >= budget:
         why = (
             f"job {job.id} was requeued {used} time(s) in the last "

@@ -61,6 +61,14 @@ class SharedCause(_Strict):
     cluster_min_nodes: int = Field(default=4, ge=1)
 
 
+class Verify(_Strict):
+    # A requeued job must pass the step it failed at within this time (restart, resume from
+    # the checkpoint, catch up) or its recovery counts as failed.
+    deadline: Duration = timedelta(minutes=30)
+    # Stop a job whose restarts keep failing before they write a first checkpoint.
+    max_failures_before_checkpoint: int = Field(default=2, ge=1)
+
+
 class Policy(_Strict):
     mode: Mode = "monitor"
     actions: dict[Action, Mode] = {}
@@ -69,6 +77,7 @@ class Policy(_Strict):
     retry_budget: RetryBudget = RetryBudget()
     breaker: Breaker = Breaker()
     shared_cause: SharedCause = SharedCause()
+    verify: Verify = Verify()
 
     def mode_of(self, action: str) -> Mode:
         return self.actions.get(action, self.mode)  # type: ignore[call-overload, no-any-return]

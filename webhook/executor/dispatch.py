@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
+from webhook.executor.diagnostics import keep
 from webhook.executor.runner import INVENTORY, RunResult, run_playbook
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
@@ -70,8 +71,12 @@ class Dispatcher:
         retries: int = 3,
         force_monitor: Callable[[], bool] = lambda: False,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        artifacts: Path | None = None,
+        backoff: float = 1.0,
     ) -> None:
+        self.backoff = backoff  # seconds before the first retry; doubling after
         self.ledger, self.inventory, self.timeout = ledger, inventory, timeout
+        self.artifacts = artifacts  # None: no diagnostics
         self.slurm_env = slurm_env or {}
         self.retries, self.force_monitor, self.clock = retries, force_monitor, clock
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="playbook")
@@ -108,7 +113,32 @@ class Dispatcher:
                         {"by": "executor", "error": f"drain (decision {row.id}) failed first"},
                         self.clock(),
                     )
-                return
+                break
+        # Last: diagnostics must not hold up the requeue (an unreachable node takes a timeout).
+        for row in rows:
+            if row.action == "drain":
+                self._diagnose(row)
+
+    def _diagnose(self, row: DecisionRow) -> None:
+        """Collect diagnostics on the nodes of a drain that ran (or was dry-run), once."""
+        if self.artifacts is None:
+            return
+        found = self.ledger.decision(row.id)
+        if found is None or found[0].state not in ("recorded", "executed"):
+            return
+        if any("diagnostics" in e.detail for e in found[1]):
+            return  # a restart picked the incident up again: already collected
+        try:
+            result = self._run(
+                "collect_diagnostics",
+                {"slurmedic_nodes": row.nodes, "slurmedic_incident": row.incident},
+                check=row.mode == "monitor" or self.force_monitor(),
+            )
+            note = keep(result, self.artifacts, row.incident)
+        except Exception as e:  # diagnostics are a courtesy: never fail the decision
+            log.exception("diagnostics for decision %s failed", row.id)
+            note = {"error": repr(e)[:500]}
+        self.ledger.add_note(row.id, {"by": "executor", "diagnostics": note}, self.clock())
 
     def _drains_first(self, row: DecisionRow) -> str | None:
         """For a requeue or stop: None to go ahead, "wait" while the incident's drain is still
@@ -170,15 +200,23 @@ class Dispatcher:
         def transient(r: RunResult) -> bool:
             return not r.ok and bool(TRANSIENT.search(r.output))
 
+        attempts: list[str] = []
+
+        def attempt() -> RunResult:
+            r = run_playbook(
+                name, evars, check=check, inventory=self.inventory, timeout=self.timeout
+            )
+            attempts.append(r.status if not transient(r) else "transient Slurm error")
+            return r
+
         retrying = Retrying(
             retry=retry_if_result(transient),
             stop=stop_after_attempt(self.retries),
-            wait=wait_exponential(multiplier=0.5, max=8),
+            wait=wait_exponential(multiplier=self.backoff, max=8),
             retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
         )
-        result: RunResult = retrying(
-            run_playbook, name, evars, check=check, inventory=self.inventory, timeout=self.timeout
-        )
+        result: RunResult = retrying(attempt)
+        result.attempts = attempts
         return result
 
     def close(self) -> None:

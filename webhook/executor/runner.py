@@ -51,7 +51,14 @@ class StopVars(_Vars):
     slurmedic_attempt: int = Field(ge=0, lt=10**6)
 
 
+class DiagnosticsVars(_Vars):
+    slurmedic_nodes: list[NodeName] = Field(min_length=1)
+    slurmedic_incident: str = Field(pattern=r"^[A-Za-z0-9:._#-]{1,64}$")
+    slurmedic_tail_lines: int = Field(default=200, ge=1, le=10000)
+
+
 PLAYBOOK_VARS: dict[str, type[_Vars]] = {
+    "collect_diagnostics": DiagnosticsVars,
     "drain_nodes": DrainVars,
     "resume_nodes": ResumeVars,
     "requeue_job": RequeueVars,
@@ -68,6 +75,10 @@ class RunResult:
     commands: list[str] = field(default_factory=list)  # what it ran, or would run in check mode
     changed: list[str] = field(default_factory=list)  # tasks that changed something
     output: str = ""
+    # collect_diagnostics: what each host handed back, and the hosts that could not be reached
+    diagnostics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unreachable: list[str] = field(default_factory=list)
+    attempts: list[str] = field(default_factory=list)  # one per try, when retried
 
     @property
     def ok(self) -> bool:
@@ -82,6 +93,7 @@ class RunResult:
             "commands": self.commands,
             "changed": self.changed,
             "output": self.output[-4000:],  # the tail is what explains a failure
+            **({"attempts": self.attempts} if len(self.attempts) > 1 else {}),
         }
 
 
@@ -113,18 +125,22 @@ def run_playbook(
             quiet=True,
             timeout=timeout,
         )
-        commands: list[str] = []
-        changed: list[str] = []
+        result = RunResult(name, check, str(r.status), int(r.rc or 0))
         for ev in r.events:
             data = ev.get("event_data", {})
+            host = str(data.get("host"))
+            if ev.get("event") == "runner_on_unreachable" and host not in result.unreachable:
+                result.unreachable.append(host)
             if ev.get("event") != "runner_on_ok":
                 continue
             res = data.get("res", {})
             if data.get("task") == "Commands":
-                commands = [str(c) for c in res.get("slurmedic_commands", [])]
+                result.commands = [str(c) for c in res.get("slurmedic_commands", [])]
+            if data.get("task") == "Diagnostics":
+                result.diagnostics[str(data.get("host"))] = res.get("slurmedic_diagnostics", {})
             if res.get("changed"):
-                changed.append(str(data.get("task")))
-        output = r.stdout.read() if r.stdout else ""
-        return RunResult(name, check, str(r.status), int(r.rc or 0), commands, changed, output)
+                result.changed.append(str(data.get("task")))
+        result.output = r.stdout.read() if r.stdout else ""
+        return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -5,7 +5,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -88,3 +99,23 @@ class Setting(Base):
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[dict[str, Any]]
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class RecoveryRow(Base):
+    """A requeued job attempt and what became of its successor (watching, recovered, failed)."""
+
+    __tablename__ = "recoveries"
+    incident: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job: Mapped[int] = mapped_column(Integer, index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    cause: Mapped[str] = mapped_column(String(32))
+    fault_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    requeued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    failed_step: Mapped[float | None] = mapped_column(Float, nullable=True)
+    checkpoint_step: Mapped[float | None] = mapped_column(Float, nullable=True)
+    work_lost_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    decided_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    restored_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    before_checkpoint: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from sqlalchemy.orm import sessionmaker
 from webhook.core.alerts import Alert, Payload
 from webhook.core.decisions import Decision, PastAction
 from webhook.core.engine import Incident
+from webhook.core.recovery import FailurePoint, Verdict, Watch
 from webhook.ledger.schema import (
     AlertRow,
     Base,
@@ -22,6 +24,7 @@ from webhook.ledger.schema import (
     DecisionRow,
     IncidentRow,
     Notification,
+    RecoveryRow,
     Setting,
 )
 
@@ -165,6 +168,15 @@ class Ledger:
             row.state = state
             s.add(DecisionEvent(decision_id=decision_id, at=at, state=state, detail=detail))
 
+    def add_note(self, decision_id: int, detail: dict[str, Any], at: datetime) -> None:
+        """Append something learnt about a decision (diagnostics, a verification) that does not
+        change its state."""
+        with self.session.begin() as s:
+            row = s.get(DecisionRow, decision_id)
+            if row is None:
+                raise KeyError(decision_id)
+            s.add(DecisionEvent(decision_id=decision_id, at=at, state=row.state, detail=detail))
+
     def setting(self, key: str) -> dict[str, Any] | None:
         with self.session() as s:
             row = s.get(Setting, key)
@@ -214,10 +226,90 @@ class Ledger:
             keys = set(s.scalars(select(IncidentRow.key)).all())
             return keys | set(s.scalars(select(DecisionRow.incident).distinct()).all())
 
+    # ---- recoveries ------------------------------------------------------------------------
+    def unwatched_requeues(self) -> list[tuple[DecisionRow, datetime, datetime]]:
+        """Executed requeues with no recovery row yet: (decision, fault time, executed at).
+
+        The fault time is the earliest startsAt of the incident's evidence."""
+        with self.session() as s:
+            watched = select(RecoveryRow.incident)
+            rows = s.scalars(
+                select(DecisionRow).where(
+                    DecisionRow.action == "requeue",
+                    DecisionRow.state == "executed",
+                    DecisionRow.incident.not_in(watched),
+                )
+            ).all()
+            out = []
+            for r in rows:
+                done = s.scalars(
+                    select(DecisionEvent.at)
+                    .where(DecisionEvent.decision_id == r.id, DecisionEvent.state == "executed")
+                    .order_by(DecisionEvent.id)
+                ).first()
+                out.append((r, fault_time(r.evidence, _utc(r.at)), _utc(done or r.at)))
+            return out
+
+    def watch(self, w: Watch) -> None:
+        with self.session.begin() as s:
+            s.merge(
+                RecoveryRow(
+                    incident=w.incident,
+                    job=w.job,
+                    attempt=w.attempt,
+                    cause=w.cause,
+                    fault_at=w.fault_at,
+                    requeued_at=w.requeued_at,
+                    failed_step=w.point.step,
+                    checkpoint_step=w.point.checkpoint_step,
+                    work_lost_seconds=w.point.work_lost_seconds,
+                    state="watching",
+                )
+            )
+
+    def watching(self) -> list[Watch]:
+        return [
+            Watch(
+                incident=r.incident,
+                job=r.job,
+                attempt=r.attempt,
+                cause=r.cause,
+                fault_at=_utc(r.fault_at),
+                requeued_at=_utc(r.requeued_at),
+                point=FailurePoint(r.failed_step, r.checkpoint_step, r.work_lost_seconds),
+            )
+            for r in self.recoveries("watching")
+        ]
+
+    def conclude(self, incident: str, verdict: Verdict, at: datetime) -> None:
+        with self.session.begin() as s:
+            row = s.get(RecoveryRow, incident)
+            if row is None:
+                raise KeyError(incident)
+            row.state, row.reason, row.decided_at = verdict.state, verdict.reason, at
+            row.restored_seconds = verdict.restored_seconds
+            row.before_checkpoint = verdict.before_checkpoint
+
+    def recoveries(self, *states: str) -> list[RecoveryRow]:
+        with self.session() as s:
+            q = select(RecoveryRow).order_by(RecoveryRow.fault_at)
+            if states:
+                q = q.where(RecoveryRow.state.in_(states))
+            return list(s.scalars(q).all())
+
     def history(self, since: datetime) -> Iterator[PastAction]:
         with self.session() as s:
             for r in s.scalars(select(DecisionRow).where(DecisionRow.at >= since)):
-                if r.guard is None:
+                if r.guard == "recovery_failed" and r.action == "escalate":
+                    first = r.evidence[0] if r.evidence else {}
+                    yield PastAction(
+                        at=_utc(r.at),
+                        action="recovery_failed",
+                        job=r.job,
+                        cause=r.cause,
+                        before_checkpoint=bool(first.get("before_checkpoint")),
+                    )
+                elif r.guard is None:
                     yield PastAction(
                         at=_utc(r.at),
                         action=r.action,
@@ -226,6 +318,15 @@ class Ledger:
                         exclude=tuple(r.exclude),
                         cause=r.cause,
                     )
+
+
+def fault_time(evidence: list[Any], default: datetime) -> datetime:
+    """When the failure began: the earliest startsAt among a decision's evidence."""
+    starts = []
+    for e in evidence:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            starts.append(datetime.fromisoformat(str(e["startsAt"]).replace("Z", "+00:00")))
+    return min(starts, default=default)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

@@ -66,6 +66,17 @@ class Executor(_Strict):
     timeout_seconds: int = Field(default=120, ge=5)
     concurrency: int = Field(default=4, ge=1, le=64)
     retries: int = Field(default=3, ge=1, le=10)
+    # After a drain, collect_diagnostics runs on the drained nodes (read-only, in every mode)
+    # and its output is kept here, one folder per incident and node.
+    diagnostics: bool = True
+    artifacts_dir: Path = Path("slurmedic-artifacts")
+
+
+class Verification(_Strict):
+    # Prometheus that scrapes the Pushgateway with the training progress; without it, requeued
+    # jobs are not verified (and no recovery figures are recorded).
+    prometheus_url: str | None = None
+    interval_seconds: float = Field(default=5.0, gt=0)
 
 
 class ServiceConfig(_Strict):
@@ -76,6 +87,7 @@ class ServiceConfig(_Strict):
     policy_file: Path | None = None
     cluster: Cluster = Cluster()
     executor: Executor = Executor()
+    verification: Verification = Verification()
     tick_seconds: float = Field(default=1.0, gt=0)
     workers: int = Field(default=2, ge=1)
 

@@ -11,14 +11,16 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from webhook.core.alerts import wrap
-from webhook.core.cluster import ClusterView
+from webhook.core.cluster import ClusterView, eligible
 from webhook.core.decisions import Decision
 from webhook.core.engine import Engine, Incident
 from webhook.core.policy import Policy
 from webhook.executor.dispatch import Dispatcher
 from webhook.ledger.store import Ledger
+from webhook.service.verify import Verifier
 
 log = logging.getLogger("slurmedic.loop")
 REPLAY_HORIZON = timedelta(hours=1)
@@ -33,10 +35,15 @@ class LiveLoop:
         *,
         refresh_seconds: float = 5.0,
         dispatcher: Dispatcher | None = None,
+        verifier: Verifier | None = None,
+        verify_seconds: float = 5.0,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.ledger, self.policy, self.view_source, self.clock = ledger, policy, view_source, clock
-        self.dispatcher = dispatcher
+        self.dispatcher, self.verifier, self.verify_seconds = dispatcher, verifier, verify_seconds
+        self.verified_at = 0.0
+        self.heartbeat_at = 0.0
+        self.jobs_published: dict[str, Any] | None = None
         self.refresh_seconds = refresh_seconds
         self.last_alert = 0
         self.view_at = 0.0
@@ -97,6 +104,7 @@ class LiveLoop:
         self._sync_breaker()
         was_open = self.engine.guards.breaker_open
         decisions = self.engine.tick(self.clock())
+        decisions += self._verify()
         if self.engine.guards.breaker_open and not was_open:
             # It never closes by itself: only `slurmedic breaker reset` does.
             self.ledger.set_setting(
@@ -114,7 +122,36 @@ class LiveLoop:
                 log.info("%s %s %s %s: %s", d.incident, d.action, d.state, d.cause, d.reason)
         if self.dispatcher is not None:
             self.dispatcher.dispatch(self.dispatcher.pending())
+        self._publish()
         return decisions
+
+    def _verify(self) -> list[Decision]:
+        if self.verifier is None or time.monotonic() - self.verified_at < self.verify_seconds:
+            return []
+        self.verified_at = time.monotonic()
+        made = self.verifier.step(self.engine.view, self.engine.guards)
+        for d in made:
+            # A stop for the attempt running now: the engine must not decide it a second time.
+            self.engine.incidents.setdefault(
+                d.incident, Incident(key=d.incident, job=d.job, node=None, opened_at=d.at)
+            ).decided = True
+        return made
+
+    def _publish(self) -> None:
+        """What /metrics reports about the loop (it runs in another process): its heartbeat
+        and the jobs it sees, in the ledger's settings."""
+        if time.monotonic() - self.heartbeat_at < 5:
+            return
+        self.heartbeat_at = time.monotonic()
+        now = self.clock()
+        self.ledger.set_setting("loop", {"at": now.timestamp()}, now)
+        jobs = {
+            str(j.id): {"partition": j.partition, "restarts": j.restarts, "eligible": eligible(j)}
+            for j in self.engine.view.jobs.values()
+        }
+        if jobs != self.jobs_published:
+            self.ledger.set_setting("jobs", jobs, now)
+            self.jobs_published = jobs
 
     def _sync_breaker(self) -> None:
         """Pick up a human's reset (`slurmedic breaker reset` writes it to the ledger)."""

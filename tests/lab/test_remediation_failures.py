@@ -1,0 +1,196 @@
+"""Enforce mode on the lab's real Slurm for the failures that leave no GPU evidence: a node that
+stops answering (its slurmd killed with everything it runs), an NCCL hang where one node stays
+silent; and the executor riding out a Slurm controller that is briefly away."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from lab import manage, processes
+from lab.config import LabConfig
+from lab.faults import JobFault, add_job_fault, control_path
+from lab.slurm import slurm, start_slurmctld
+from tests.lab.conftest import eventually, query, running_nodes, serve_slurmedic
+from tests.lab.test_remediation import decided, healthy_after, mapped, restore
+from webhook.core.decisions import Decision
+from webhook.executor.dispatch import Dispatcher
+from webhook.ledger.store import Ledger
+
+pytestmark = pytest.mark.lab
+__all__ = ["healthy_after"]  # the autouse fixture: each test leaves a healthy cluster
+
+
+@pytest.fixture
+def enforce(lab_cfg: LabConfig, tmp_path: Path) -> Iterator[Ledger]:
+    yield serve_slurmedic(lab_cfg, tmp_path, "enforce")
+    restore(lab_cfg)
+
+
+def resumed_without(cfg: LabConfig, job: int, bad: str) -> list[str]:
+    nodes: list[str] = eventually(
+        lambda: (
+            (i := manage.show_job(cfg, job))
+            and i["JobState"] == "RUNNING"
+            and int(i["Restarts"]) >= 1
+            and running_nodes(cfg, job)
+        ),
+        timeout=90,
+        what="the job running again",
+    )
+    assert bad not in nodes
+    return nodes
+
+
+def test_a_node_that_stops_answering_is_drained_and_the_job_requeued_without_it(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    job = submit(nodes=3)
+    nodes = running_nodes(lab_cfg, job)
+    mapped(lab_cfg, job)
+    bad = nodes[2]
+    manage.kill_node(lab_cfg, bad)
+    rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
+    assert {a: (r.state, r.cause) for a, r in rows.items()} == {
+        "drain": ("executed", "node_failure"),
+        "requeue": ("executed", "node_failure"),
+    }
+    assert rows["drain"].nodes == [bad] and rows["requeue"].exclude == [bad]
+    info = slurm(lab_cfg, "scontrol", "show", "node", bad, "-o")
+    assert "DRAIN" in info and f"Reason=slurmedic: {job}.0 node_failure" in info
+    resumed_without(lab_cfg, job, bad)
+    # Slurm may have requeued the job itself (NODE_FAIL of a --requeue job) before slurmedic:
+    # the exclusion is there either way.
+    assert bad in manage.show_job(lab_cfg, job)["ExcNodeList"].split(",")
+    # With its slurmd back, the node stays out of service until a human resumes it.
+    manage.clear(lab_cfg, bad)
+    eventually(
+        lambda: (
+            "DRAIN" in slurm(lab_cfg, "scontrol", "show", "node", bad, "-o")
+            and "NOT_RESPONDING" not in slurm(lab_cfg, "scontrol", "show", "node", bad, "-o")
+        ),
+        what="the node answering again, still drained",
+    )
+
+
+def test_the_silent_node_of_an_nccl_hang_is_drained_and_the_job_requeued(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    job = submit(nodes=3)
+    nodes = running_nodes(lab_cfg, job)
+    mapped(lab_cfg, job)
+    ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}})'
+    eventually(lambda: (r := query(lab_cfg, ckpt)) and r[0]["value"] >= 5, what="a checkpoint")
+    manage.inject_job(lab_cfg, "hang", job, 1)
+    rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
+    assert {a: (r.state, r.cause) for a, r in rows.items()} == {
+        "drain": ("executed", "node_failure"),
+        "requeue": ("executed", "node_failure"),
+    }
+    assert rows["drain"].nodes == [nodes[1]]
+    resumed_without(lab_cfg, job, nodes[1])
+    eventually(
+        lambda: (
+            (r := query(lab_cfg, f'min(training_step{{slurm_job_id="{job}"}})'))
+            and r[0]["value"] > 5
+        ),
+        what="progress after the requeue",
+    )
+
+
+def test_a_successor_that_crashes_before_its_first_checkpoint_is_a_failed_recovery(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    job = submit(nodes=3)
+    nodes = running_nodes(lab_cfg, job)
+    mapped(lab_cfg, job)
+    ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}})'
+    eventually(lambda: (r := query(lab_cfg, ckpt)) and r[0]["value"] >= 5, what="a checkpoint")
+    # The successor (attempt 1) will crash as soon as it starts.
+    add_job_fault(
+        control_path(lab_cfg.jobs, job),
+        JobFault(rank=0, attempt=1, kind="crash_cuda", at=time.time()),
+    )
+    manage.inject_gpu(lab_cfg, "xid", nodes[0], 1, xid=79)
+    rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
+    assert rows["requeue"].state == "executed"
+    recovery = eventually(
+        lambda: [r for r in enforce.recoveries("recovered", "failed") if r.incident == f"{job}.0"],
+        timeout=120,
+        what="the recovery judged",
+    )[0]
+    assert recovery.state == "failed", (recovery.reason, recovery.failed_step)
+    assert recovery.before_checkpoint, recovery.reason
+    escalated = eventually(
+        lambda: [
+            r
+            for r in enforce.incident_decisions(f"{job}.0")
+            if r.action == "escalate" and r.guard == "recovery_failed"
+        ],
+        what="the failed recovery escalated",
+    )[0]
+    assert "did not recover" in escalated.reason
+    eventually(
+        lambda: query(lab_cfg, 'slurmedic_recoveries_total{outcome="failed"} >= 1'),
+        what="the failed recovery in /metrics",
+    )
+
+
+def test_a_drain_rides_out_a_controller_that_is_briefly_away(
+    lab_cfg: LabConfig, tmp_path: Path
+) -> None:
+    """The executor retries what Slurm's controller answers while it restarts ("Unable to
+    contact slurm controller"), and the drain lands once the controller is back."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    node = "gpu08"
+    at = datetime.now(UTC)
+    (row_id,) = ledger.record(
+        [
+            Decision(
+                at=at,
+                incident=f"node:{node}",
+                job=None,
+                action="drain",
+                cause="gpu_hardware",
+                reason="test",
+                nodes=(node,),
+                mode="enforce",
+                state="pending",
+            )
+        ]
+    )
+    dispatcher = Dispatcher(
+        ledger,
+        slurm_env={"SLURM_CONF": str(lab_cfg.slurm_conf)},
+        inventory=lab_cfg.etc / "inventory.yml",
+        retries=6,
+        backoff=1.0,
+        timeout=60,
+    )
+    assert processes.stop(lab_cfg, "slurmctld")
+    restarted = threading.Timer(6.0, start_slurmctld, args=(lab_cfg,))
+    restarted.start()
+    try:
+        dispatcher.dispatch(ledger.rows([row_id]))
+        dispatcher.close()
+    finally:
+        restarted.join()
+    row, events = ledger.decision(row_id)  # type: ignore[misc]
+    assert row.state == "executed", [e.detail for e in events]
+    run = events[-1].detail["run"]
+    assert run["attempts"][0] == "transient Slurm error" and run["attempts"][-1] == "successful"
+    assert "DRAIN" in slurm(lab_cfg, "scontrol", "show", "node", node, "-o")
+    # Resumable once its slurmd has registered with the restarted controller.
+    eventually(
+        lambda: (
+            "NOT_RESPONDING" not in (info := slurm(lab_cfg, "scontrol", "show", "node", node, "-o"))
+            and "UNKNOWN" not in info
+        ),
+        what="the node registered again",
+    )
+    slurm(lab_cfg, "scontrol", "update", f"nodename={node}", "state=resume")

@@ -1,0 +1,293 @@
+"""`/metrics`: slurmedic's own figures for Prometheus.
+
+Two sources. What happens inside a webhook worker (requests, alerts, time to answer) is counted
+in the worker, with prometheus-client's multiprocess mode under gunicorn (`slurmedic serve` sets
+`PROMETHEUS_MULTIPROC_DIR`). Everything else - decisions, executions, recoveries, the breaker,
+the loop's heartbeat, the jobs it sees - is read from the ledger at scrape time: the ledger is
+the one truth every process shares, and it survives restarts, so counters never go backwards.
+Names and meanings: docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from collections import Counter as Tally
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from flask import Blueprint, Response, current_app, g
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+
+from webhook.ledger.schema import DecisionEvent, DecisionRow, IncidentRow, RecoveryRow
+from webhook.ledger.store import Ledger, _utc, fault_time
+
+metrics = Blueprint("metrics", __name__)
+
+REQUESTS = Counter(
+    "slurmedic_webhook_requests", "Webhook requests answered, by HTTP status.", ["code"]
+)
+ALERTS = Counter(
+    "slurmedic_webhook_alerts",
+    "Alerts received: new events, re-deliveries, resolved.",
+    ["outcome"],
+)
+DURATION = Histogram(
+    "slurmedic_webhook_request_duration_seconds",
+    "Time from a webhook request's arrival to its answer (the ledger write included).",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+# Series that exist from the start, at zero: increase() and rate() cannot see the first event
+# of a series that appears with it.
+for _code in ("200", "400", "401", "413", "503"):
+    REQUESTS.labels(_code)
+for _outcome in ("new", "duplicate", "resolved"):
+    ALERTS.labels(_outcome)
+RUN_ACTIONS = ("drain", "requeue", "stop", "resume")
+# Fault to decision, to action, to productive training again: seconds to hours.
+LATENCY_BUCKETS = tuple(
+    float(b) for b in (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
+)
+
+
+def timed(bp: Blueprint) -> None:
+    """Count and time every request of a blueprint (the webhook's)."""
+
+    @bp.before_request
+    def _start() -> None:
+        g.slurmedic_started = time.perf_counter()
+
+    @bp.after_request
+    def _done(resp: Response) -> Response:
+        REQUESTS.labels(str(resp.status_code)).inc()
+        DURATION.observe(time.perf_counter() - g.get("slurmedic_started", time.perf_counter()))
+        return resp
+
+
+def count_alerts(new: int, duplicates: int, resolved: int) -> None:
+    for outcome, n in (("new", new), ("duplicate", duplicates), ("resolved", resolved)):
+        if n:
+            ALERTS.labels(outcome).inc(n)
+
+
+def _histogram(
+    name: str,
+    doc: str,
+    samples: Iterable[tuple[tuple[str, ...], float]],
+    labels: list[str],
+    always: Iterable[tuple[str, ...]] = (),
+) -> HistogramMetricFamily:
+    """A histogram from stored values; `always`: label sets shown (at zero) with no values."""
+    always = list(always)
+    fam = HistogramMetricFamily(name, doc, labels=labels)
+    by_labels: dict[tuple[str, ...], list[float]] = {}
+    for key, value in samples:
+        by_labels.setdefault(key, []).append(max(value, 0.0))
+    for key, values in sorted(by_labels.items()):
+        values.sort()
+        buckets = [(str(b), bisect.bisect_right(values, b)) for b in LATENCY_BUCKETS]
+        buckets.append(("+Inf", len(values)))
+        fam.add_metric(list(key), buckets, sum(values))
+    for key in [(), *always] if not labels else always:
+        if key not in by_labels:
+            fam.add_metric(list(key), [(str(b), 0) for b in LATENCY_BUCKETS] + [("+Inf", 0)], 0)
+    return fam
+
+
+class LedgerCollector(Collector):
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[Any]:
+        with self.ledger.session() as s:
+            decisions = s.execute(
+                select(
+                    DecisionRow.action,
+                    DecisionRow.cause,
+                    DecisionRow.mode,
+                    DecisionRow.state,
+                    func.count(),
+                ).group_by(
+                    DecisionRow.action, DecisionRow.cause, DecisionRow.mode, DecisionRow.state
+                )
+            ).all()
+            runs = s.execute(
+                select(DecisionRow.action, DecisionEvent.state, func.count())
+                .join(DecisionRow, DecisionRow.id == DecisionEvent.decision_id)
+                .where(DecisionEvent.state.in_(("executed", "failed")))
+                .group_by(DecisionRow.action, DecisionEvent.state)
+            ).all()
+            incidents = {
+                key: fault_time(ev, _utc(opened))
+                for key, ev, opened in s.execute(
+                    select(IncidentRow.key, IncidentRow.evidence, IncidentRow.opened_at)
+                ).all()
+            }
+            executed_at = dict(
+                s.execute(
+                    select(DecisionEvent.decision_id, func.min(DecisionEvent.at))
+                    .where(DecisionEvent.state == "executed")
+                    .group_by(DecisionEvent.decision_id)
+                ).all()
+            )
+            decided = []  # (action, fault, decided at, executed at or None)
+            for d_id, inc, action, at, ev in s.execute(
+                select(
+                    DecisionRow.id,
+                    DecisionRow.incident,
+                    DecisionRow.action,
+                    DecisionRow.at,
+                    DecisionRow.evidence,
+                )
+            ).all():
+                # The fault: the earliest startsAt of the decision's evidence, else its incident's.
+                fault = fault_time(ev, incidents.get(inc, _utc(at)))
+                done = executed_at.get(d_id)
+                decided.append((action, fault, _utc(at), _utc(done) if done else None))
+            recoveries = list(s.scalars(select(RecoveryRow)).all())
+        yield from self._decisions(decisions, runs)
+        yield _histogram(
+            "slurmedic_decision_latency_seconds",
+            "From the fault (the first alert's startsAt) to the incident's decisions.",
+            (((), (at - fault).total_seconds()) for _, fault, at, _ in decided),
+            [],
+        )
+        yield _histogram(
+            "slurmedic_recovery_latency_seconds",
+            "From the fault to the drain, requeue or stop executed on Slurm.",
+            (
+                ((action,), (done - fault).total_seconds())
+                for action, fault, _, done in decided
+                if done is not None and action in ("drain", "requeue", "stop")
+            ),
+            ["action"],
+            always=[("drain",), ("requeue",), ("stop",)],
+        )
+        yield from self._recoveries(recoveries)
+        yield from self._settings()
+
+    @staticmethod
+    def _decisions(rows: Sequence[Any], runs: Sequence[Any]) -> Iterator[Any]:
+        total = CounterMetricFamily(
+            "slurmedic_decisions",
+            "Decisions recorded, by action, cause and mode.",
+            labels=["action", "cause", "mode"],
+        )
+        now = GaugeMetricFamily(
+            "slurmedic_decisions_in_state",
+            "Decisions by their current state.",
+            labels=["action", "cause", "mode", "state"],
+        )
+        tally: Tally[tuple[str, str, str]] = Tally()
+        for action, cause, mode, state, n in rows:
+            tally[(action, cause, mode)] += n
+            now.add_metric([action, cause, mode, state], n)
+        for key, n in sorted(tally.items()):
+            total.add_metric(list(key), n)
+        yield total
+        yield now
+        fam = CounterMetricFamily(
+            "slurmedic_executor_runs",
+            "Playbook runs that changed (or failed to change) Slurm, by action and outcome.",
+            labels=["action", "outcome"],
+        )
+        counts = {(a, o): 0 for a in RUN_ACTIONS for o in ("executed", "failed")}
+        for action, state, n in runs:
+            counts[(action, state)] = n
+        for (action, outcome), n in sorted(counts.items()):
+            fam.add_metric([action, outcome], n)
+        yield fam
+
+    @staticmethod
+    def _recoveries(rows: list[RecoveryRow]) -> Iterator[Any]:
+        outcomes = CounterMetricFamily(
+            "slurmedic_recoveries",
+            "Requeued jobs whose successor made progress again (recovered) or did not (failed).",
+            labels=["outcome"],
+        )
+        tally = Tally(r.state for r in rows)
+        for outcome in ("recovered", "failed"):
+            outcomes.add_metric([outcome], tally[outcome])
+        yield outcomes
+        yield GaugeMetricFamily(
+            "slurmedic_recoveries_watching",
+            "Requeued jobs whose successor is being watched.",
+            value=tally["watching"],
+        )
+        yield _histogram(
+            "slurmedic_time_to_restore_seconds",
+            "From the fault until the successor passed the step at failure.",
+            (((), r.restored_seconds) for r in rows if r.restored_seconds is not None),
+            [],
+        )
+        yield _histogram(
+            "slurmedic_work_lost_seconds",
+            "Training done since the last checkpoint when the job failed (lost with it).",
+            (((), r.work_lost_seconds) for r in rows if r.work_lost_seconds is not None),
+            [],
+        )
+
+    def _settings(self) -> Iterator[Any]:
+        breaker = self.ledger.setting("breaker") or {}
+        switch = self.ledger.setting("switch") or {}
+        loop = self.ledger.setting("loop") or {}
+        jobs = self.ledger.setting("jobs") or {}
+        yield GaugeMetricFamily(
+            "slurmedic_breaker_open",
+            "1 while the circuit breaker holds drains (until a human resets it).",
+            value=1 if breaker.get("open") else 0,
+        )
+        yield GaugeMetricFamily(
+            "slurmedic_monitor_switch",
+            "1 while the global switch holds every action in monitor mode.",
+            value=1 if switch.get("monitor") else 0,
+        )
+        # 0 until the loop first reports: a loop that never starts is stalled too.
+        yield GaugeMetricFamily(
+            "slurmedic_loop_last_tick_timestamp_seconds",
+            "When the decision loop last completed a step (0: never).",
+            value=float(loop.get("at", 0)),
+        )
+        eligible = GaugeMetricFamily(
+            "slurmedic_job_eligible",
+            "1 while the job is eligible to run (running, or waiting again after a requeue).",
+            labels=["slurm_job_id", "partition"],
+        )
+        restarts = GaugeMetricFamily(
+            "slurmedic_job_restarts", "Slurm's restart count of the job.", labels=["slurm_job_id"]
+        )
+        for job, info in sorted(jobs.items()):
+            eligible.add_metric([job, str(info.get("partition", ""))], int(bool(info["eligible"])))
+            restarts.add_metric([job], int(info.get("restarts", 0)))
+        yield eligible
+        yield restarts
+
+
+def _registry(ledger: Ledger) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:
+        for c in (REQUESTS, ALERTS, DURATION):
+            registry.register(c)
+    registry.register(LedgerCollector(ledger))
+    return registry
+
+
+@metrics.get("/metrics")
+def scrape() -> Response:
+    ext = current_app.extensions["slurmedic"]
+    if "registry" not in ext:
+        ext["registry"] = _registry(ext["ledger"])
+    return Response(generate_latest(ext["registry"]), mimetype=CONTENT_TYPE_LATEST)
