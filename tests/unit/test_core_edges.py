@@ -134,3 +134,14 @@ def test_negative_windows_are_refused() -> None:
 
     with pytest.raises(PolicyError, match=r"retry_budget\.window: -5 is negative"):
         load_policy({"retry_budget": {"window": -5}})
+
+
+def test_a_node_in_several_partitions_is_in_scope_when_one_of_them_is() -> None:
+    v = ClusterView()
+    v.nodes["gpu01"] = Node("gpu01", "train", other_partitions=("shared",))
+    v.nodes["gpu02"] = Node("gpu02", "train")
+    for node, action in (("gpu01", "drain"), ("gpu02", "none")):
+        e = engine(v, scope={"partitions": ["shared"]})
+        e.receive(alert(T0, signal="gpu_hw", node=node), T0)
+        (d,) = e.tick(T0 + timedelta(seconds=10))
+        assert (d.action, d.guard) == (action, None if action == "drain" else "out_of_scope")

@@ -83,7 +83,12 @@ def build_view(
         state = "drain" if "DRAIN" in flags else str(n.get("state", "")).lower()
         parts = n.get("partitions") or [""]
         view.nodes[name] = Node(
-            name, parts[0], state, str(n.get("reason", "")), switch_of.get(name)
+            name,
+            parts[0],
+            state,
+            str(n.get("reason", "")),
+            switch_of.get(name),
+            other_partitions=tuple(parts[1:]),
         )
     for j in jobs:
         started = j.get("start_time") or 0

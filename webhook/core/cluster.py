@@ -40,6 +40,12 @@ class Node:
     state: str = "idle"
     reason: str = ""
     switch: str | None = None
+    # Further partitions the node belongs to (Slurm nodes may serve several).
+    other_partitions: tuple[str, ...] = ()
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        return (self.partition, *self.other_partitions)
 
 
 @dataclass(frozen=True)

@@ -191,8 +191,11 @@ def _drain(
     guards: GuardState,
     now: datetime,
 ) -> Decision:
+    # A node serving several partitions is in scope when one of them is.
     nodes = tuple(
-        n for n in attr.nodes if n in view.nodes and _in_scope(policy, view.nodes[n].partition)
+        n
+        for n in attr.nodes
+        if n in view.nodes and any(_in_scope(policy, p) for p in view.nodes[n].partitions)
     )
     if not nodes:
         return replace(
