@@ -15,27 +15,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
-import yaml
-
-from lab import api, manage, monitoring, processes
-from lab.config import LabConfig
+from bench.lablib import enforcing_lab, running_nodes, wait
+from lab import api, manage
 from lab.slurm import slurm
-from webhook.ledger.store import Ledger
-from webhook.service.config import load_config
-
-
-def wait(probe, timeout: float = 90.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(probe)
 
 
 def main() -> None:
@@ -43,32 +27,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--settle", type=float, default=5.0)
     args = p.parse_args()
-    cfg = LabConfig(run_dir=Path(tempfile.mkdtemp(prefix="slurmedic-e2e-")), port_base=23000)
     rows = []
-    try:
-        manage.up(cfg)
-        policy = cfg.run_dir / "enforce.yml"
-        policy.write_text(
-            yaml.safe_dump(
-                {
-                    "mode": "enforce",
-                    "settle_seconds": args.settle,
-                    "breaker": {"max_fraction": 1.0},
-                    "shared_cause": {"switch_min_nodes": 5, "cluster_min_nodes": 9},
-                }
-            )
-        )
-        monitoring.start_slurmedic(cfg, policy)
-        ledger = Ledger(load_config(cfg.slurmedic_config).database_url)
+    with enforcing_lab(23000, args.settle) as (cfg, ledger):
         for _ in range(args.rounds):
             job = manage.submit_training(cfg, nodes=2, step_time=0.2)
-            nodes = wait(
-                lambda job=job: (
-                    manage.running_job(cfg, job)[0]
-                    if manage.show_job(cfg, job)["JobState"] == "RUNNING"
-                    else None
-                )
-            )
+            nodes = running_nodes(cfg, job)
             wait(lambda job=job: api.query(cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'))
             t_fault = time.time()
             manage.inject_gpu(cfg, "xid", nodes[0], 0, xid=79)
@@ -107,9 +70,6 @@ def main() -> None:
             manage.clear(cfg)
             slurm(cfg, "scontrol", "update", f"nodename={nodes[0]}", "state=resume", check=False)
             time.sleep(3)
-    finally:
-        processes.stop(cfg, "slurmedic")
-        manage.down(cfg, purge=True)
     floor = 1 + 1 + 0 + args.settle  # scrape 1 s + evaluation 1 s + group_wait 0 s + settle
     print(
         f"{len(rows)} rounds, XID 79 -> drain executed, enforce mode, settle {args.settle:g}s "

@@ -16,27 +16,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
-import yaml
-
-from lab import api, manage, monitoring, processes
-from lab.config import LabConfig
+from bench.lablib import enforcing_lab, running_nodes, wait
+from lab import api, manage
 from lab.slurm import slurm
-from webhook.ledger.store import Ledger
-from webhook.service.config import load_config
-
-
-def wait(probe, timeout: float = 180.0, interval: float = 0.2):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(probe)
 
 
 def main() -> None:
@@ -44,42 +28,22 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--settle", type=float, default=5.0)
     args = p.parse_args()
-    cfg = LabConfig(run_dir=Path(tempfile.mkdtemp(prefix="slurmedic-recovery-")), port_base=24000)
     rows = []
-    try:
-        manage.up(cfg)
-        policy = cfg.run_dir / "enforce.yml"
-        policy.write_text(
-            yaml.safe_dump(
-                {
-                    "mode": "enforce",
-                    "settle_seconds": args.settle,
-                    "breaker": {"max_fraction": 1.0},
-                    "shared_cause": {"switch_min_nodes": 5, "cluster_min_nodes": 9},
-                    "verify": {"deadline": "120s"},
-                }
-            )
-        )
-        monitoring.start_slurmedic(cfg, policy)
-        ledger = Ledger(load_config(cfg.slurmedic_config).database_url)
+    with enforcing_lab(24000, args.settle, verify={"deadline": "120s"}) as (cfg, ledger):
         for _ in range(args.rounds):
             job = manage.submit_training(cfg, nodes=3, step_time=0.3, ckpt_every=10)
-            nodes = wait(
-                lambda job=job: (
-                    manage.running_job(cfg, job)[0]
-                    if manage.show_job(cfg, job)["JobState"] == "RUNNING"
-                    else None
-                )
-            )
+            nodes = running_nodes(cfg, job)
             ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}}) >= 10'
-            wait(lambda ckpt=ckpt: api.query(cfg, ckpt))
+            wait(lambda ckpt=ckpt: api.query(cfg, ckpt), timeout=180, interval=0.2)
             time.sleep(1.5)  # a few steps past the checkpoint: work that will be lost
             t_fault = time.time()
             manage.inject_gpu(cfg, "xid", nodes[1], 0, xid=79)
             rec = wait(
                 lambda job=job: next(
                     (r for r in ledger.recoveries("recovered", "failed") if r.job == job), None
-                )
+                ),
+                timeout=180,
+                interval=0.2,
             )
             requeue = next(
                 r for r in ledger.incident_decisions(f"{job}.0") if r.action == "requeue"
@@ -104,9 +68,6 @@ def main() -> None:
             manage.clear(cfg)
             slurm(cfg, "scontrol", "update", f"nodename={nodes[1]}", "state=resume", check=False)
             time.sleep(3)
-    finally:
-        processes.stop(cfg, "slurmedic")
-        manage.down(cfg, purge=True)
     outcomes = [r.pop("outcome") for r in rows]
     print(
         f"{len(rows)} rounds, XID 79 on one of 3 nodes, enforce, settle {args.settle:g}s, "

@@ -7,7 +7,8 @@ nvidia-smi, so `collect_diagnostics` reads what it would read on a sick node:
 - a double-bit ECC fault (or an XID meaning one) raises the volatile DRAM uncorrectable count;
 - a row-remap failure sets `remapped_row_failure`; any other hardware XID asks for a reset;
 - a thermal fault shows a hot GPU in HW thermal slowdown;
-- XID 79 or a lost GPU drops the GPU from the output (it fell off the bus), as nvidia-smi does.
+- XID 79 or a lost GPU drops the GPU from the output (it fell off the bus) with an error and a
+  non-zero exit, as nvidia-smi does.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(text)
     for e in errors:
         print(e, file=sys.stderr)
-    return 0
+    return 15 if errors else 0  # NVML's "GPU is lost"
 
 
 if __name__ == "__main__":

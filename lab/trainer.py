@@ -51,15 +51,18 @@ class Rank:
         print(f"[rank{self.rank}]:{msg}", flush=True)
 
     # ---- checkpoints ---------------------------------------------------------------------
-    def resume_step(self) -> int:
-        """The last step every rank checkpointed (a partial checkpoint is unusable)."""
-        steps = []
+    def resume_point(self) -> tuple[int, float | None]:
+        """The last step every rank checkpointed (a partial checkpoint is unusable), and when
+        it was written (the earliest of the ranks' shards)."""
+        steps, times = [], []
         for r in range(self.world):
             try:
-                steps.append(int(json.loads((self.ckpt_dir / f"rank{r}.json").read_text())["step"]))
+                shard = json.loads((self.ckpt_dir / f"rank{r}.json").read_text())
+                steps.append(int(shard["step"]))
+                times.append(float(shard["time"]))
             except (OSError, ValueError, KeyError):
-                return 0
-        return min(steps)
+                return 0, None
+        return min(steps), min(times)
 
     def save_checkpoint(self, step: int) -> None:
         write_json(self.ckpt_dir / f"rank{self.rank}.json", {"step": step, "time": time.time()})
@@ -130,12 +133,12 @@ class Rank:
 
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> int:
-        step = self.resume_step()
+        step, written = self.resume_point()
         self.log(
             f" job {self.job} attempt {self.attempt} on {self.node}: world size {self.world}, "
             f"{'resuming from checkpoint at step ' + str(step) if step else 'starting at step 0'}"
         )
-        self.reporter.checkpoint(step)
+        self.reporter.checkpoint(step, written_at=written)
         self.reporter.step(step, 0.0)
         while step < self.args.steps:
             fault = self.fault()
@@ -160,6 +163,9 @@ class Rank:
         return 0
 
 
+STARTUP_SECONDS = 1.0  # imports and process-group setup, before the first log line
+
+
 def redirect_output(cfg: LabConfig) -> None:
     """Send this rank's stdout/stderr to its job-log file (append: requeues continue it)."""
     env = os.environ
@@ -181,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cfg = LabConfig.from_env()
     redirect_output(cfg)
+    # Slurm creates a step's output file before the application starts, and a real training
+    # script takes seconds to import and initialise. Keep that order: mtail reads a file it
+    # discovers from its end (every 250 ms), so lines written before it looks are never seen.
+    time.sleep(STARTUP_SECONDS)
     os.environ.setdefault("SLURMEDIC_PUSHGATEWAY", cfg.pushgateway_url)
     return Rank(args, cfg).run()
 

@@ -5,6 +5,7 @@ Two lines in a training script::
     progress = ProgressReporter.from_env()     # at start: announces this attempt
     progress.step(step, step_seconds)          # after every optimizer step
     progress.checkpoint(step)                  # after a checkpoint is safely written
+    progress.checkpoint(step, written_at=t)    # after a restart: the one it resumed from
 
 `step_seconds` is this rank's own compute time for the step (forward, backward, optimizer),
 without the time spent waiting in collectives for other ranks: in synchronous training every
@@ -106,9 +107,12 @@ class ProgressReporter:
         self._step_ts.labels(self.node).set(time.time())
         self._push()
 
-    def checkpoint(self, step: int) -> None:
+    def checkpoint(self, step: int, written_at: float | None = None) -> None:
+        """A complete checkpoint at `step`. After a restart, report the one the attempt resumed
+        from with `written_at` (when it was written): a checkpoint written before this attempt
+        started is not one of its own."""
         self._ckpt.labels(self.node).set(step)
-        self._ckpt_ts.labels(self.node).set(time.time())
+        self._ckpt_ts.labels(self.node).set(time.time() if written_at is None else written_at)
         self._push()
 
     def _push(self) -> None:

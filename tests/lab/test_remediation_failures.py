@@ -17,7 +17,13 @@ from lab.config import LabConfig
 from lab.faults import JobFault, add_job_fault, control_path
 from lab.slurm import slurm, start_slurmctld
 from tests.lab.conftest import eventually, query, running_nodes, serve_slurmedic
-from tests.lab.test_remediation import decided, healthy_after, mapped, restore
+from tests.lab.test_remediation import (
+    checkpointed_job,
+    decided,
+    healthy_after,
+    mapped,
+    restore,
+)
 from webhook.core.decisions import Decision
 from webhook.executor.dispatch import Dispatcher
 from webhook.ledger.store import Ledger
@@ -33,16 +39,17 @@ def enforce(lab_cfg: LabConfig, tmp_path: Path) -> Iterator[Ledger]:
 
 
 def resumed_without(cfg: LabConfig, job: int, bad: str) -> list[str]:
-    nodes: list[str] = eventually(
-        lambda: (
-            (i := manage.show_job(cfg, job))
-            and i["JobState"] == "RUNNING"
-            and int(i["Restarts"]) >= 1
-            and running_nodes(cfg, job)
-        ),
-        timeout=90,
-        what="the job running again",
-    )
+    def running_again() -> list[str]:
+        info = manage.show_job(cfg, job)
+        if info["JobState"] == "RUNNING" and int(info["Restarts"]) >= 1:
+            return running_nodes(cfg, job)
+        return []
+
+    try:
+        nodes: list[str] = eventually(running_again, timeout=120, what="the job running again")
+    except AssertionError as e:
+        job_info = slurm(cfg, "scontrol", "show", "job", str(job), "-o")
+        raise AssertionError(f"{e}\n{job_info}\n{slurm(cfg, 'sinfo', '-N', '-l')}") from None
     assert bad not in nodes
     return nodes
 
@@ -81,11 +88,7 @@ def test_a_node_that_stops_answering_is_drained_and_the_job_requeued_without_it(
 def test_the_silent_node_of_an_nccl_hang_is_drained_and_the_job_requeued(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
-    job = submit(nodes=3)
-    nodes = running_nodes(lab_cfg, job)
-    mapped(lab_cfg, job)
-    ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}})'
-    eventually(lambda: (r := query(lab_cfg, ckpt)) and r[0]["value"] >= 5, what="a checkpoint")
+    job, nodes = checkpointed_job(lab_cfg, submit)
     manage.inject_job(lab_cfg, "hang", job, 1)
     rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
     assert {a: (r.state, r.cause) for a, r in rows.items()} == {
@@ -106,11 +109,7 @@ def test_the_silent_node_of_an_nccl_hang_is_drained_and_the_job_requeued(
 def test_a_successor_that_crashes_before_its_first_checkpoint_is_a_failed_recovery(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
-    job = submit(nodes=3)
-    nodes = running_nodes(lab_cfg, job)
-    mapped(lab_cfg, job)
-    ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}})'
-    eventually(lambda: (r := query(lab_cfg, ckpt)) and r[0]["value"] >= 5, what="a checkpoint")
+    job, nodes = checkpointed_job(lab_cfg, submit)
     # The successor (attempt 1) will crash as soon as it starts.
     add_job_fault(
         control_path(lab_cfg.jobs, job),
@@ -129,7 +128,7 @@ def test_a_successor_that_crashes_before_its_first_checkpoint_is_a_failed_recove
     escalated = eventually(
         lambda: [
             r
-            for r in enforce.incident_decisions(f"{job}.0")
+            for r in enforce.incident_decisions(f"verify:{job}.0")
             if r.action == "escalate" and r.guard == "recovery_failed"
         ],
         what="the failed recovery escalated",

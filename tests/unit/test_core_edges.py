@@ -145,3 +145,18 @@ def test_a_node_in_several_partitions_is_in_scope_when_one_of_them_is() -> None:
         e.receive(alert(T0, signal="gpu_hw", node=node), T0)
         (d,) = e.tick(T0 + timedelta(seconds=10))
         assert (d.action, d.guard) == (action, None if action == "drain" else "out_of_scope")
+
+
+def test_an_idle_node_already_drained_is_not_drained_again() -> None:
+    v = ClusterView()
+    v.nodes["gpu01"] = Node("gpu01", "train", state="drain", reason="slurmedic: 7.0 gpu_hardware")
+    v.nodes["gpu02"] = Node("gpu02", "train")
+    e = engine(v)
+    # The XID outlived the job it hit (its series lost the job label): a new alert, no job.
+    e.receive(alert(T0, signal="gpu_hw", node="gpu01"), T0)
+    e.receive(alert(T0, signal="gpu_hw", node="gpu02"), T0)
+    got = {
+        d.nodes or (d.reason.split()[0],): (d.action, d.guard)
+        for d in e.tick(T0 + timedelta(seconds=10))
+    }
+    assert got == {("gpu01",): ("none", "already_drained"), ("gpu02",): ("drain", None)}

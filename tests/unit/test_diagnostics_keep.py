@@ -52,8 +52,11 @@ def test_double_bit_ecc_and_a_gpu_off_the_bus(tmp_path: Path) -> None:
     add_gpu_fault(cfg.faults_file, GpuFault(node="gpu03", gpu=5, kind="xid", xid=79, at=0))
     xml, errors = render(cfg, "gpu03")
     assert len(errors) == 1 and "Unknown Error" in errors[0]
-    node = keep(_run("gpu03", xml, errors[0]), tmp_path / "art", "41.0")["nodes"]["gpu03"]
+    # nvidia-smi exits non-zero when a GPU is lost, with the other GPUs' XML: still read.
+    run = _run("gpu03", xml, errors[0], rc="15")
+    node = keep(run, tmp_path / "art", "41.0")["nodes"]["gpu03"]
     assert node["verdict"] == "unhealthy"
+    assert any(p.startswith("nvidia-smi exited rc 15") for p in node["problems"])
     assert any("double-bit" in p and p.startswith("GPU 2 ") for p in node["problems"])
     assert "nvidia-smi shows 7 of 8 GPUs" in node["problems"]
     assert node["summary"][0].startswith("node: unhealthy")

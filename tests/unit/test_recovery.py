@@ -3,7 +3,10 @@ what a failed recovery leads to."""
 
 from __future__ import annotations
 
+import sqlite3
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from webhook.core.alerts import Alert, wrap
 from webhook.core.cluster import ClusterView, Job, Node
@@ -13,6 +16,7 @@ from webhook.core.policy import load_policy
 from webhook.core.recovery import (
     FailurePoint,
     RankProgress,
+    Verdict,
     Watch,
     failure_point,
     judge,
@@ -32,6 +36,9 @@ WATCH = Watch(
 )
 
 
+VERIFY = load_policy({"verify": {"deadline": "600s", "pending_limit": "2h"}}).verify
+
+
 def ranks(attempt: int, *steps: float, ckpt: float | None = None) -> list[RankProgress]:
     return [
         RankProgress(rank=i, attempt=attempt, step=s, step_at=1000.0 + s, checkpoint_step=ckpt)
@@ -39,8 +46,18 @@ def ranks(attempt: int, *steps: float, ckpt: float | None = None) -> list[RankPr
     ]
 
 
-def job(state: str = "RUNNING", restarts: int = 1) -> Job:
-    return Job(id=42, nodes=("gpu02",), state=state, restarts=restarts)
+def job(state: str = "RUNNING", restarts: int = 1, started: int = 20) -> Job:
+    return Job(
+        id=42,
+        nodes=("gpu02",),
+        state=state,
+        restarts=restarts,
+        started=T0 + timedelta(seconds=started),
+    )
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
 
 
 def test_the_failure_point_is_the_furthest_step_and_the_oldest_checkpoint() -> None:
@@ -52,57 +69,89 @@ def test_the_failure_point_is_the_furthest_step_and_the_oldest_checkpoint() -> N
     p = failure_point(r, 0)
     assert (p.step, p.checkpoint_step, p.work_lost_seconds) == (121, 90, 49)
     assert p.target == 121
-    assert failure_point([], 0).target == 0
+    assert failure_point([], 0) == FailurePoint()
     assert FailurePoint(checkpoint_step=30).target == 30
 
 
 def test_recovered_when_every_reporting_rank_of_the_successor_passes_the_step() -> None:
-    now = T0 + timedelta(seconds=95)
-    assert judge(WATCH, ranks(1, 130, 119), job(), now, 600).state == "watching"
-    v = judge(WATCH, ranks(1, 130, 121), job(), now, 600)
+    assert judge(WATCH, ranks(1, 130, 119), job(), at(95), VERIFY).state == "watching"
+    v = judge(WATCH, ranks(1, 130, 121), job(), at(95), VERIFY)
     assert v.state == "recovered" and v.restored_seconds == 95
+    # A successor that has only loaded a checkpoint past the target has not trained yet.
+    assert judge(WATCH, ranks(1, 125, 125, ckpt=125), job(), at(95), VERIFY).state == "watching"
     # The failed attempt's stale pushes are not the successor's progress.
-    assert judge(WATCH, ranks(0, 500, 500), job(), now, 600).state == "watching"
+    assert judge(WATCH, ranks(0, 500, 500), job(), at(95), VERIFY).state == "watching"
+    assert judge(WATCH, [], job("COMPLETED"), at(95), VERIFY).state == "recovered"
 
 
-def test_failed_when_the_successor_ends_first_or_the_deadline_passes() -> None:
-    now = T0 + timedelta(seconds=60)
-    v = judge(WATCH, ranks(1, 3, 3), job("FAILED"), now, 600)
-    assert v.state == "failed" and v.before_checkpoint
-    # The checkpoint it resumed from (reported at start) is not one of its own.
-    assert judge(WATCH, ranks(1, 100, ckpt=100), job("FAILED"), now, 600).before_checkpoint
+def test_a_job_that_reports_no_progress_is_unverified_not_failed() -> None:
+    blind = replace(WATCH, point=FailurePoint())
+    v = judge(blind, [], job("FAILED"), at(5000), VERIFY)
+    assert v.state == "unverified" and "no training progress" in v.reason
+    # Cancelled (scancel): somebody's decision, not a failed recovery.
+    assert judge(WATCH, [], job("CANCELLED"), at(60), VERIFY).state == "unverified"
+    # Slurm forgot the job (MinJobAge) before it was judged: how it ended is unknown.
+    assert judge(WATCH, [], None, at(60), VERIFY).state == "unverified"
+
+
+def test_failed_when_the_successor_ends_first_or_makes_no_progress_after_it_started() -> None:
+    v = judge(WATCH, ranks(1, 3, 3), job("FAILED"), at(60), VERIFY)
+    assert (v.state, v.before_checkpoint, v.charged) == ("failed", True, True)
     assert v.reason == "attempt 1 ended FAILED before its first checkpoint"
-    v = judge(WATCH, ranks(1, 110, 110, ckpt=110), job(restarts=2), now, 600)
-    assert v.state == "failed" and not v.before_checkpoint
+    # The checkpoint it resumed from (reported at start) is not one of its own - even past the
+    # failure point read earlier, when it says it was written before the attempt started.
+    assert judge(WATCH, ranks(1, 100, ckpt=100), job("FAILED"), at(60), VERIFY).before_checkpoint
+    loaded = RankProgress(0, 1, step=135, checkpoint_step=135, checkpoint_at=900, started_at=1000)
+    assert judge(WATCH, [loaded], job("FAILED"), at(60), VERIFY).before_checkpoint
+    written = replace(loaded, checkpoint_at=1010)
+    assert not judge(WATCH, [written], job("FAILED"), at(60), VERIFY).before_checkpoint
+    # Requeued again (by slurmedic for a new failure, or by Slurm): escalated, not charged,
+    # since that requeue counts against the budget itself.
+    v = judge(WATCH, ranks(1, 110, 110, ckpt=110), job(restarts=2), at(60), VERIFY)
+    assert (v.state, v.before_checkpoint, v.charged) == ("failed", False, False)
     assert v.reason.startswith("attempt 1 was requeued again")
-    late = T0 + timedelta(seconds=700)
-    v = judge(WATCH, ranks(1, 110, 110), job(), late, 600)
-    assert v.state == "failed" and "within 600 s" in v.reason
-    assert judge(WATCH, [], None, now, 600).reason.startswith("the job is gone")
-    assert judge(WATCH, [], job("COMPLETED"), now, 600).state == "recovered"
+    # The deadline runs from the successor's start, not from the requeue.
+    late_start = job(started=300)
+    assert judge(WATCH, ranks(1, 110), late_start, at(850), VERIFY).state == "watching"
+    v = judge(WATCH, ranks(1, 110), late_start, at(901), VERIFY)
+    assert v.state == "failed" and v.charged and "within 600 s of its start" in v.reason
+
+
+def test_waiting_in_the_queue_is_not_a_failure() -> None:
+    pending = job("PENDING", started=0)
+    assert judge(WATCH, [], pending, at(5000), VERIFY).state == "watching"
+    v = judge(WATCH, [], pending, at(8000), VERIFY)
+    assert v.state == "unverified" and "has not started" in v.reason
 
 
 def test_a_failed_recovery_escalates_and_the_second_before_a_checkpoint_stops() -> None:
     policy = load_policy({"mode": "enforce"})
     guards = GuardState()
-    now = T0 + timedelta(minutes=5)
-    v = judge(WATCH, ranks(1, 2), job("PENDING", restarts=2), now, 600)
+    now = at(300)
+    v = judge(WATCH, ranks(1, 2), job("FAILED"), now, VERIFY)
     first = on_failure(WATCH, v, job("PENDING", restarts=2), guards, policy, now)
     assert [(d.action, d.guard, d.incident) for d in first] == [
-        ("escalate", "recovery_failed", "42.0")
+        ("escalate", "recovery_failed", "verify:42.0")
     ]
     guards.history.append(
         PastAction(at=now, action="recovery_failed", job=42, before_checkpoint=True)
     )
     second = on_failure(WATCH, v, job("RUNNING", restarts=2), guards, policy, now)
     assert [(d.action, d.guard, d.incident, d.state) for d in second] == [
-        ("escalate", "recovery_failed", "42.0", "pending"),
-        ("stop", "no_progress", "42.2", "pending"),  # the attempt that runs now
+        ("escalate", "recovery_failed", "verify:42.0", "pending"),
+        ("stop", "no_progress", "verify:42.2", "pending"),  # the attempt that runs now
     ]
-    # A job that ended needs no stop.
+    # A job that ended needs no stop; a failure that was not charged stops nothing.
     assert [d.action for d in on_failure(WATCH, v, job("FAILED", 2), guards, policy, now)] == [
         "escalate"
     ]
+    uncharged = replace(v, charged=False)
+    assert [d.action for d in on_failure(WATCH, uncharged, job(), guards, policy, now)] == [
+        "escalate"
+    ]
+    # "In a row": a good recovery in between starts the count again.
+    guards.history.append(PastAction(at=at(301), action="recovered", job=42))
+    assert [d.action for d in on_failure(WATCH, v, job(), guards, policy, at(302))] == ["escalate"]
 
 
 def test_failed_recoveries_spend_the_retry_budget() -> None:
@@ -118,17 +167,38 @@ def test_failed_recoveries_spend_the_retry_budget() -> None:
     assert guards.failed_recoveries(7, T0, before_checkpoint=True) == 1
 
 
-def test_the_ledger_remembers_failed_recoveries_for_the_guards(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_ledger_remembers_recoveries_for_the_guards(tmp_path: Path) -> None:
     ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
     policy = load_policy({"mode": "enforce"})
-    v = judge(WATCH, ranks(1, 2), job("FAILED"), T0 + timedelta(minutes=1), 600)
-    ledger.record(on_failure(WATCH, v, job("FAILED"), GuardState(), policy, T0))
-    (past,) = list(ledger.history(T0 - timedelta(hours=1)))
-    assert (past.action, past.job, past.before_checkpoint) == ("recovery_failed", 42, True)
+    failed = judge(WATCH, ranks(1, 2), job("FAILED"), at(60), VERIFY)
+    again = judge(WATCH, ranks(1, 2), job(restarts=2), at(60), VERIFY)
     ledger.watch(WATCH)
     assert ledger.watching() == [WATCH]
-    ledger.conclude("42.0", v, T0)
+    ids = ledger.conclude(
+        "42.0", failed, at(60), on_failure(WATCH, failed, None, GuardState(), policy, at(60))
+    )
+    ledger.record(on_failure(WATCH, again, None, GuardState(), policy, at(61)))
     assert ledger.watching() == [] and ledger.recoveries("failed")[0].before_checkpoint
+    assert [r.guard for r in ledger.rows(ids)] == ["recovery_failed"]
+    # Only the charged failure spends the budget.
+    (past,) = list(ledger.history(T0 - timedelta(hours=1)))
+    assert (past.action, past.job, past.before_checkpoint) == ("recovery_failed", 42, True)
+    ledger.watch(replace(WATCH, incident="42.3"))
+    ledger.conclude("42.3", Verdict("recovered", "ok", 10.0), at(90))
+    assert {p.action for p in ledger.history(T0)} == {"recovery_failed", "recovered"}
+
+
+def test_an_older_ledger_gets_the_new_columns(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TABLE decisions (id INTEGER PRIMARY KEY, at DATETIME, "
+                  "incident VARCHAR(64), job INT, action VARCHAR(16), cause VARCHAR(32), "
+                  "nodes JSON, exclude JSON, reason TEXT, evidence JSON, guard VARCHAR(48), "
+                  "mode VARCHAR(16), state VARCHAR(24))")  # fmt: skip
+    Ledger(f"sqlite:///{db}")
+    Ledger(f"sqlite:///{db}")  # and again: nothing to add
+    with sqlite3.connect(db) as c:
+        assert "fault_at" in [r[1] for r in c.execute("PRAGMA table_info(decisions)")]
 
 
 def test_a_job_whose_restarts_keep_failing_before_a_checkpoint_is_not_requeued_again() -> None:

@@ -19,6 +19,7 @@ FIELDS = {
     "training_last_step_timestamp_seconds": "step_at",
     "training_last_checkpoint_step": "checkpoint_step",
     "training_last_checkpoint_timestamp_seconds": "checkpoint_at",
+    "training_attempt_start_timestamp_seconds": "started_at",
 }
 
 
@@ -40,26 +41,38 @@ class Prometheus:
             body = r.json()
         except (requests.RequestException, ValueError) as e:
             raise PrometheusError(f"{self.url}: {e}") from e
-        if body.get("status") != "success":
-            raise PrometheusError(f"{self.url}: {body.get('error', r.status_code)}")
-        result: list[dict[str, Any]] = body["data"]["result"]
+        if not isinstance(body, dict) or body.get("status") != "success":
+            error = body.get("error") if isinstance(body, dict) else None
+            raise PrometheusError(f"{self.url}: {error or f'HTTP {r.status_code}'}")
+        data = body.get("data")
+        if not isinstance(data, dict) or data.get("resultType") != "vector":
+            raise PrometheusError(f"{self.url}: expected a vector for {expr!r}")
+        result: list[dict[str, Any]] = data.get("result") or []
         return result
 
-    def progress(self, job: int, at: datetime | None = None) -> list[RankProgress]:
-        """Every rank's last pushed progress of `job` (as of `at`, default now)."""
+    def progress_of(
+        self, jobs: set[int], at: datetime | None = None
+    ) -> dict[int, list[RankProgress]]:
+        """Every rank's last pushed progress of each job (as of `at`, default now)."""
+        if not jobs:
+            return {}
         names = "|".join(FIELDS)
-        series = self.query(f'{{__name__=~"{names}",slurm_job_id="{int(job)}"}}', at)
-        ranks: dict[int, dict[str, float]] = {}
+        ids = "|".join(str(int(j)) for j in sorted(jobs))
+        series = self.query(f'{{__name__=~"{names}",slurm_job_id=~"{ids}"}}', at)
+        ranks: dict[tuple[int, int], dict[str, float]] = {}
         for s in series:
-            labels = s["metric"]
+            labels = s.get("metric") or {}
             try:
-                rank = int(labels.get("rank", ""))
+                key = (int(labels["slurm_job_id"]), int(labels["rank"]))
                 value = float(s["value"][1])
-            except (TypeError, ValueError):
-                continue
-            ranks.setdefault(rank, {})[FIELDS[labels["__name__"]]] = value
-        out = []
-        for rank, f in sorted(ranks.items()):
+                field = FIELDS[labels["__name__"]]
+            except (KeyError, TypeError, ValueError, IndexError):
+                continue  # not a series of ours: skip it, not the round
+            ranks.setdefault(key, {})[field] = value
+        out: dict[int, list[RankProgress]] = {}
+        for (job, rank), f in sorted(ranks.items()):
             attempt = f.pop("attempt", None)
-            out.append(RankProgress(rank, None if attempt is None else int(attempt), **f))
+            out.setdefault(job, []).append(
+                RankProgress(rank, None if attempt is None else int(attempt), **f)
+            )
         return out

@@ -26,6 +26,7 @@ def create_app(config: ServiceConfig, ledger: Ledger | None = None) -> Flask:
         "ledger": ledger or Ledger(config.database_url),
         "token": token,
         "basic": basic,
+        "metrics_ttl": config.metrics_cache_seconds,
     }
     timed(alerts)
     app.register_blueprint(alerts)

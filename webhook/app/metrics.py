@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,8 +31,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from webhook.ledger.schema import DecisionEvent, DecisionRow, IncidentRow, RecoveryRow
-from webhook.ledger.store import Ledger, _utc, fault_time
+from webhook.core.recovery import VERIFY
+from webhook.ledger.schema import DecisionEvent, DecisionRow, RecoveryRow
+from webhook.ledger.store import Ledger, _utc
 
 metrics = Blueprint("metrics", __name__)
 
@@ -106,10 +108,21 @@ def _histogram(
 
 
 class LedgerCollector(Collector):
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger = ledger
+    """The ledger's figures, read at most every `ttl` seconds per worker (a scrape storm on the
+    unauthenticated /metrics must not become a query storm on the ledger)."""
+
+    def __init__(self, ledger: Ledger, ttl: float = 10.0) -> None:
+        self.ledger, self.ttl = ledger, ttl
+        self.cached: tuple[float, list[Any]] | None = None
+        self.lock = threading.Lock()
 
     def collect(self) -> Iterator[Any]:
+        with self.lock:
+            if self.cached is None or time.monotonic() - self.cached[0] >= self.ttl:
+                self.cached = (time.monotonic(), list(self._read()))
+            yield from self.cached[1]
+
+    def _read(self) -> Iterator[Any]:
         with self.ledger.session() as s:
             decisions = s.execute(
                 select(
@@ -126,14 +139,9 @@ class LedgerCollector(Collector):
                 select(DecisionRow.action, DecisionEvent.state, func.count())
                 .join(DecisionRow, DecisionRow.id == DecisionEvent.decision_id)
                 .where(DecisionEvent.state.in_(("executed", "failed")))
+                .where(DecisionRow.action.in_(RUN_ACTIONS))
                 .group_by(DecisionRow.action, DecisionEvent.state)
             ).all()
-            incidents = {
-                key: fault_time(ev, _utc(opened))
-                for key, ev, opened in s.execute(
-                    select(IncidentRow.key, IncidentRow.evidence, IncidentRow.opened_at)
-                ).all()
-            }
             executed_at = dict(
                 s.execute(
                     select(DecisionEvent.decision_id, func.min(DecisionEvent.at))
@@ -141,20 +149,22 @@ class LedgerCollector(Collector):
                     .group_by(DecisionEvent.decision_id)
                 ).all()
             )
-            decided = []  # (action, fault, decided at, executed at or None)
-            for d_id, inc, action, at, ev in s.execute(
-                select(
-                    DecisionRow.id,
-                    DecisionRow.incident,
-                    DecisionRow.action,
-                    DecisionRow.at,
-                    DecisionRow.evidence,
+            # The engine's decisions (the verifier's have no fault of their own), with the
+            # fault time kept on the row: no evidence JSON is read per scrape.
+            decided = [
+                (
+                    action,
+                    _utc(fault),
+                    _utc(at),
+                    _utc(done) if (done := executed_at.get(i)) else None,
                 )
-            ).all():
-                # The fault: the earliest startsAt of the decision's evidence, else its incident's.
-                fault = fault_time(ev, incidents.get(inc, _utc(at)))
-                done = executed_at.get(d_id)
-                decided.append((action, fault, _utc(at), _utc(done) if done else None))
+                for i, action, at, fault in s.execute(
+                    select(DecisionRow.id, DecisionRow.action, DecisionRow.at, DecisionRow.fault_at)
+                    .where(DecisionRow.fault_at.is_not(None))
+                    .where(DecisionRow.incident.not_like(f"{VERIFY}%"))
+                ).all()
+                if fault is not None
+            ]
             recoveries = list(s.scalars(select(RecoveryRow)).all())
         yield from self._decisions(decisions, runs)
         yield _histogram(
@@ -213,11 +223,12 @@ class LedgerCollector(Collector):
     def _recoveries(rows: list[RecoveryRow]) -> Iterator[Any]:
         outcomes = CounterMetricFamily(
             "slurmedic_recoveries",
-            "Requeued jobs whose successor made progress again (recovered) or did not (failed).",
+            "Requeued jobs whose successor made progress again (recovered), did not (failed), or "
+            "could not be judged (unverified).",
             labels=["outcome"],
         )
         tally = Tally(r.state for r in rows)
-        for outcome in ("recovered", "failed"):
+        for outcome in ("recovered", "failed", "unverified"):
             outcomes.add_metric([outcome], tally[outcome])
         yield outcomes
         yield GaugeMetricFamily(
@@ -274,14 +285,14 @@ class LedgerCollector(Collector):
         yield restarts
 
 
-def _registry(ledger: Ledger) -> CollectorRegistry:
+def _registry(ledger: Ledger, ttl: float) -> CollectorRegistry:
     registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         for c in (REQUESTS, ALERTS, DURATION):
             registry.register(c)
-    registry.register(LedgerCollector(ledger))
+    registry.register(LedgerCollector(ledger, ttl))
     return registry
 
 
@@ -289,5 +300,5 @@ def _registry(ledger: Ledger) -> CollectorRegistry:
 def scrape() -> Response:
     ext = current_app.extensions["slurmedic"]
     if "registry" not in ext:
-        ext["registry"] = _registry(ext["ledger"])
+        ext["registry"] = _registry(ext["ledger"], ext.get("metrics_ttl", 10.0))
     return Response(generate_latest(ext["registry"]), mimetype=CONTENT_TYPE_LATEST)

@@ -93,7 +93,9 @@ def run_loop(config: ServiceConfig, policy: Policy) -> None:
             concurrency=config.executor.concurrency,
             retries=config.executor.retries,
             force_monitor=lambda: bool((ledger.setting("switch") or {}).get("monitor")),
-            artifacts=config.executor.artifacts_dir if config.executor.diagnostics else None,
+            artifacts=config.executor.artifacts_dir.resolve()
+            if config.executor.diagnostics
+            else None,
         )
     verifier = None
     if config.verification.prometheus_url:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from webhook.core.attribution import Attribution, names
@@ -39,7 +39,7 @@ class Decision:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "at": self.at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "at": self.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "incident": self.incident,
             "job": self.job,
             "action": self.action,
@@ -86,6 +86,9 @@ class GuardState:
         )
 
     def failed_recoveries(self, job: int, since: datetime, *, before_checkpoint: bool) -> int:
+        """The job's failed recoveries in a row: since `since` and its last good one."""
+        recovered = [h.at for h in self.history if h.action == "recovered" and h.job == job]
+        since = max([since, *recovered])
         return sum(
             1
             for h in self.history
@@ -149,7 +152,17 @@ def decide(
     out: list[Decision] = []
     in_scope = _in_scope(policy, job.partition if job else None)
     for action, _ in plan(attr, job):
-        if action == "drain":
+        if action == "drain" and job is None and _all_drained(attr.nodes, view):
+            # An idle node that is already out of service (the alert outlived the job it hit,
+            # or an operator drained it): nothing to do, and nothing for the breaker to count.
+            out.append(
+                replace(
+                    base,
+                    guard="already_drained",
+                    reason=f"{names(attr.nodes)} is already drained; {attr.reason}",
+                )
+            )
+        elif action == "drain":
             out.append(_drain(base, attr, view, policy, guards, now))
         elif action in ("requeue", "stop") and job is not None:
             if not in_scope:
@@ -177,6 +190,12 @@ def decide(
         else:
             out.append(replace(base, action=action))
     return [_with_mode(d, policy) for d in _one_per_action(out)]
+
+
+def _all_drained(nodes: tuple[str, ...], view: ClusterView) -> bool:
+    return bool(nodes) and all(
+        n in view.nodes and view.nodes[n].state.startswith("drain") for n in nodes
+    )
 
 
 def _in_scope(policy: Policy, partition: str | None) -> bool:

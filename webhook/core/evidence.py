@@ -4,7 +4,7 @@ cluster view. An alert that names no valid node of the cluster is recorded, neve
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from webhook.core.alerts import Alert
 from webhook.core.cluster import JOB_ID, ClusterView
@@ -52,7 +52,7 @@ class Evidence:
             "alertname": self.alertname,
             "node": self.node,
             "fingerprint": self.fingerprint,
-            "startsAt": self.starts_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "startsAt": self.starts_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
 
 

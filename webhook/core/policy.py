@@ -64,7 +64,9 @@ class SharedCause(_Strict):
 class Verify(_Strict):
     # A requeued job must pass the step it failed at within this time (restart, resume from
     # the checkpoint, catch up) or its recovery counts as failed.
-    deadline: Duration = timedelta(minutes=30)
+    deadline: Duration = timedelta(minutes=30)  # counted from the successor's start
+    # A successor still waiting to start after this long is left unverified.
+    pending_limit: Duration = timedelta(hours=24)
     # Stop a job whose restarts keep failing before they write a first checkpoint.
     max_failures_before_checkpoint: int = Field(default=2, ge=1)
 

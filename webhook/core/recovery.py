@@ -5,9 +5,12 @@ progress again. It is *recovered* once every rank of the successor that reports 
 step the job had reached when it failed (or its last checkpoint, or its first step, when that is
 all that is known); the time from the fault to then is the time to restore productive training.
 It has *failed* when the successor ends or is requeued again first, or shows no such progress
-within the deadline. A failed recovery is escalated and counts against the job's retry budget;
-a job that keeps failing before its successor writes a checkpoint is stopped: each restart only
-burns GPU-hours.
+within the deadline of its start (time in the queue does not count). A failed recovery is
+escalated; when the failure is the job's own (it ended, or made no progress) it also counts
+against the job's retry budget, and a job that keeps failing before its successor writes a
+checkpoint is stopped: each restart only burns GPU-hours. A recovery that cannot be judged (the
+job reports no progress, Slurm forgot the job, the successor never started) is *unverified*:
+recorded, nothing decided.
 
 Plain data in (progress as Prometheus reports it, the job as Slurm reports it, the time), a
 verdict and decisions out.
@@ -19,11 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from webhook.core.cluster import ENDED_STATES, Job
+from webhook.core.cluster import ACTIVE_STATES, ENDED_STATES, Job
 from webhook.core.decisions import STATE_OF_MODE, Decision, GuardState
-from webhook.core.policy import Policy
+from webhook.core.policy import Policy, Verify
 
-State = Literal["watching", "recovered", "failed"]
+State = Literal["watching", "recovered", "failed", "unverified"]
+VERIFY = "verify:"  # the incident prefix of the verifier's own decisions
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,16 @@ class RankProgress:
     step_at: float | None = None
     checkpoint_step: float | None = None
     checkpoint_at: float | None = None
+    started_at: float | None = None  # when the rank's attempt started
+
+    def own_checkpoint(self, resumed_from: float) -> bool:
+        """Whether the rank wrote a checkpoint in its own attempt (not just loaded one): written
+        after the attempt started, or, without the times, past the one it resumed from."""
+        if self.checkpoint_step is None:
+            return False
+        if self.checkpoint_at is not None and self.started_at is not None:
+            return self.checkpoint_at > self.started_at
+        return self.checkpoint_step > resumed_from
 
 
 @dataclass(frozen=True)
@@ -93,6 +107,18 @@ class Verdict:
     reason: str
     restored_seconds: float | None = None  # fault to productive training again
     before_checkpoint: bool = False  # failed before the successor wrote a checkpoint
+    # Whether the failure is the job's own (it ended, or made no progress in time): only then
+    # does it spend the retry budget and count towards `no_progress`. A successor requeued
+    # again was requeued for a failure of its own, which its requeue already counts.
+    charged: bool = False
+
+
+def _stepped_past(rank: RankProgress, target: float) -> bool:
+    """The rank trained past `target` and past the checkpoint it resumed from (or last wrote):
+    a rank that has just loaded a checkpoint reports its step, which is not progress yet."""
+    if rank.step is None or rank.step <= target:
+        return False
+    return rank.checkpoint_step is None or rank.step > rank.checkpoint_step
 
 
 def judge(
@@ -100,44 +126,61 @@ def judge(
     ranks: list[RankProgress],
     job: Job | None,
     now: datetime,
-    deadline_seconds: float,
+    verify: Verify,
 ) -> Verdict:
     successor = watch.attempt + 1
+    point = watch.point
+    if point.step is None and point.checkpoint_step is None:
+        # Nothing to compare with: the job does not report progress (or its reports were lost).
+        return Verdict("unverified", "the failed attempt reported no training progress")
+    target = point.target
     mine = [r for r in ranks if r.attempt == successor]
-    steps = [r.step for r in mine if r.step is not None]
-    target = watch.point.target
-    if mine and len(steps) == len(mine) and min(steps) > target:
+    if mine and all(_stepped_past(r, target) for r in mine):
         return Verdict(
             "recovered",
             f"attempt {successor} passed step {target:g} (all {len(mine)} reporting ranks)",
             restored_seconds=(now - watch.fault_at).total_seconds(),
         )
-    # A checkpoint of its own: past the one it resumed from (which ranks report at start).
-    resumed = watch.point.checkpoint_step or 0
-    no_checkpoint = not any(
-        r.checkpoint_step is not None and r.checkpoint_step > resumed for r in mine
-    )
     if job is not None and job.state == "COMPLETED" and job.restarts == successor:
         return Verdict(
-            "recovered",
-            f"attempt {successor} completed",
-            restored_seconds=(now - watch.fault_at).total_seconds(),
+            "recovered", f"attempt {successor} completed", (now - watch.fault_at).total_seconds()
         )
     if job is None:
-        why = "the job is gone from Slurm"
-    elif job.restarts > successor:
-        why = f"attempt {successor} was requeued again (restart {job.restarts})"
-    elif job.state in ENDED_STATES and job.restarts == successor:
-        why = f"attempt {successor} ended {job.state}"
-    elif (now - watch.requeued_at).total_seconds() > deadline_seconds:
-        why = f"attempt {successor} did not pass step {target:g} within {deadline_seconds:g} s"
-    else:
-        return Verdict("watching", f"waiting for attempt {successor} to pass step {target:g}")
-    return Verdict(
-        "failed",
-        f"{why}{' before its first checkpoint' if no_checkpoint else ''}",
-        before_checkpoint=no_checkpoint,
-    )
+        # Slurm forgets ended jobs after MinJobAge: how it ended was not seen.
+        return Verdict("unverified", "the job is gone from Slurm; how it ended was not seen")
+    early = not any(r.own_checkpoint(point.checkpoint_step or 0) for r in mine)
+    note = " before its first checkpoint" if early else ""
+    if job.restarts > successor:
+        return Verdict(
+            "failed",
+            f"attempt {successor} was requeued again (restart {job.restarts}){note}",
+            before_checkpoint=early,
+        )
+    if job.state == "CANCELLED" and job.restarts == successor:
+        # scancel: a person's (or slurmedic's own stop's) decision, not the job failing.
+        return Verdict("unverified", f"attempt {successor} was cancelled")
+    if job.state in ENDED_STATES and job.restarts == successor:
+        return Verdict(
+            "failed", f"attempt {successor} ended {job.state}{note}", None, early, charged=True
+        )
+    running = job.restarts == successor and job.state in ACTIVE_STATES and job.started
+    if not running:
+        # Waiting in the queue is not the job's failure: the deadline starts when it runs.
+        if (now - watch.requeued_at) > verify.pending_limit:
+            return Verdict("unverified", f"attempt {successor} has not started yet")
+        return Verdict("watching", f"waiting for attempt {successor} to start")
+    assert job.started is not None
+    since = max(job.started, watch.requeued_at)
+    if (now - since) > verify.deadline:
+        return Verdict(
+            "failed",
+            f"attempt {successor} did not pass step {target:g} within "
+            f"{verify.deadline.total_seconds():g} s of its start{note}",
+            None,
+            early,
+            charged=True,
+        )
+    return Verdict("watching", f"waiting for attempt {successor} to pass step {target:g}")
 
 
 def on_failure(
@@ -148,18 +191,22 @@ def on_failure(
     policy: Policy,
     now: datetime,
 ) -> list[Decision]:
-    """A failed recovery: escalate; stop a job that keeps failing before any checkpoint."""
+    """A failed recovery: escalate; stop a job that keeps failing before any checkpoint.
+
+    Its decisions have incidents of their own (`verify:<job>.<attempt>`), apart from the
+    engine's incidents for the same attempts."""
     evidence = (
         {
             "recovery": watch.incident,
             "verdict": verdict.reason,
             "before_checkpoint": verdict.before_checkpoint,
+            "charged": verdict.charged,
         },
     )
     decisions = [
         Decision(
             at=now,
-            incident=watch.incident,
+            incident=f"{VERIFY}{watch.incident}",
             job=watch.job,
             action="escalate",
             cause=watch.cause,
@@ -174,13 +221,14 @@ def on_failure(
     repeated = guards.failed_recoveries(watch.job, since, before_checkpoint=True)
     alive = job is not None and job.state not in ENDED_STATES
     limit = policy.verify.max_failures_before_checkpoint
-    if verdict.before_checkpoint and repeated + 1 >= limit and alive and job is not None:
+    stalls = verdict.charged and verdict.before_checkpoint
+    if stalls and repeated + 1 >= limit and alive and job is not None:
         mode = policy.mode_of("stop")
         decisions.append(
             Decision(
                 at=now,
                 # The attempt that runs (or waits) now is the one to stop.
-                incident=job.attempt,
+                incident=f"{VERIFY}{job.attempt}",
                 job=watch.job,
                 action="stop",
                 cause=watch.cause,

@@ -24,7 +24,8 @@ def text_of(folder: Path) -> str:
 
 
 def _part(data: dict[str, Any], key: str) -> tuple[str, str | None]:
-    """(text, why it is missing) for one collected part."""
+    """(text, what went wrong) for one collected part: a command may fail and still say much
+    (nvidia-smi exits non-zero when a GPU is lost, with the other GPUs' XML)."""
     part = data.get(key) or {}
     text = str(part.get("stdout") or "")
     rc = str(part.get("rc", "-1"))
@@ -50,7 +51,7 @@ def keep(result: RunResult, artifacts: Path, incident: str) -> dict[str, Any]:
                 missing[key] = why
         summary: dict[str, Any] = {"artifacts": str(folder), "missing": missing}
         lines: list[str]
-        if "nvidia_smi" in missing:
+        if not (folder / FILES["nvidia_smi"]).exists():
             summary["verdict"] = "unknown"
             lines = [f"nvidia-smi: {missing['nvidia_smi']}"]
         else:
@@ -72,6 +73,10 @@ def keep(result: RunResult, artifacts: Path, incident: str) -> dict[str, Any]:
                     summary["problems"].append(gone)
                     lines[0] = re.sub(r"^node: \w+", "node: unhealthy", lines[0])
                     lines.insert(1, gone)
+                if "nvidia_smi" in missing:  # it failed, but said this much
+                    summary["problems"].append(f"nvidia-smi exited {missing['nvidia_smi']}")
+                    if summary["verdict"] == "healthy":
+                        summary["verdict"] = "degraded"
                 stderr = str((data.get("nvidia_smi") or {}).get("error") or "").strip()
                 lines += [f"nvidia-smi: {e}" for e in stderr.splitlines()[:8]]
         for key, why in missing.items():

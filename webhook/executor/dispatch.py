@@ -80,6 +80,8 @@ class Dispatcher:
         self.slurm_env = slurm_env or {}
         self.retries, self.force_monitor, self.clock = retries, force_monitor, clock
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="playbook")
+        # Diagnostics have their own workers: a slow node must not hold up other incidents.
+        self.diagnostics = ThreadPoolExecutor(max_workers=2, thread_name_prefix="diagnostics")
         self.busy: dict[str, Future[None]] = {}
 
     def dispatch(self, rows: list[DecisionRow]) -> None:
@@ -114,10 +116,17 @@ class Dispatcher:
                         self.clock(),
                     )
                 break
-        # Last: diagnostics must not hold up the requeue (an unreachable node takes a timeout).
+        # After the requeue, and on workers of their own: an unreachable node or a hanging
+        # nvidia-smi takes a timeout, which must not delay any job.
         for row in rows:
-            if row.action == "drain":
-                self._diagnose(row)
+            if row.action == "drain" and self.artifacts is not None:
+                self.diagnostics.submit(self._diagnose_logged, row)
+
+    def _diagnose_logged(self, row: DecisionRow) -> None:
+        try:
+            self._diagnose(row)
+        except Exception:  # a worker's exception would vanish with its future
+            log.exception("diagnostics for decision %s failed", row.id)
 
     def _diagnose(self, row: DecisionRow) -> None:
         """Collect diagnostics on the nodes of a drain that ran (or was dry-run), once."""
@@ -221,3 +230,4 @@ class Dispatcher:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        self.diagnostics.shutdown(wait=True)

@@ -76,6 +76,8 @@ class DecisionRow(Base):
     exclude: Mapped[list[Any]]
     reason: Mapped[str] = mapped_column(Text)
     evidence: Mapped[list[Any]]
+    # When the failure began (earliest startsAt of the evidence), kept for /metrics.
+    fault_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     guard: Mapped[str | None] = mapped_column(String(48), nullable=True)
     mode: Mapped[str] = mapped_column(String(16))
     state: Mapped[str] = mapped_column(String(24))

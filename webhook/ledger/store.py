@@ -7,11 +7,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
-from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy import Engine, create_engine, event, inspect, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from webhook.core.alerts import Alert, Payload
 from webhook.core.decisions import Decision, PastAction
@@ -50,7 +50,22 @@ class Ledger:
             if self.engine.url.database not in (None, "", ":memory:"):
                 Path(self.engine.url.database).parent.mkdir(parents=True, exist_ok=True)
         Base.metadata.create_all(self.engine)
+        self._add_missing_columns()
         self.session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def _add_missing_columns(self) -> None:
+        """Columns added to existing tables since a ledger was created (create_all only makes
+        tables): added empty, nullable, so older ledgers keep working."""
+        found = inspect(self.engine)
+        with self.engine.begin() as conn:
+            for table in Base.metadata.sorted_tables:
+                have = {c["name"] for c in found.get_columns(table.name)}
+                for col in table.columns:
+                    if col.name not in have and col.nullable:
+                        kind = col.type.compile(dialect=self.engine.dialect)
+                        conn.exec_driver_sql(
+                            f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}'
+                        )
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
@@ -114,7 +129,6 @@ class Ledger:
         detail: dict[str, Any] | None = None,
     ) -> list[int]:
         """Decisions, their first state and the incidents they decide, in one transaction."""
-        ids = []
         with self.session.begin() as s:
             for inc in incidents:
                 s.merge(
@@ -130,33 +144,7 @@ class Ledger:
                         evidence=[e.record() for e in inc.evidence],
                     )
                 )
-            for d in decisions:
-                j = d.to_json()
-                row = DecisionRow(
-                    at=d.at,
-                    incident=d.incident,
-                    job=d.job,
-                    action=d.action,
-                    cause=d.cause,
-                    nodes=j["nodes"],
-                    exclude=j["exclude"],
-                    reason=d.reason,
-                    evidence=j["evidence"],
-                    guard=d.guard,
-                    mode=d.mode,
-                    state=d.state,
-                )
-                s.add(row)
-                s.flush()
-                s.add(
-                    DecisionEvent(
-                        decision_id=row.id,
-                        at=d.at,
-                        state=d.state,
-                        detail=detail or {"by": "engine"},
-                    )
-                )
-                ids.append(row.id)
+            ids = _insert_decisions(s, decisions, detail or {"by": "engine"})
         return ids
 
     def add_event(self, decision_id: int, state: str, detail: dict[str, Any], at: datetime) -> None:
@@ -169,13 +157,13 @@ class Ledger:
             s.add(DecisionEvent(decision_id=decision_id, at=at, state=state, detail=detail))
 
     def add_note(self, decision_id: int, detail: dict[str, Any], at: datetime) -> None:
-        """Append something learnt about a decision (diagnostics, a verification) that does not
-        change its state."""
+        """Append something learnt about a decision (diagnostics) that does not change its
+        state: an event in state `note`."""
         with self.session.begin() as s:
             row = s.get(DecisionRow, decision_id)
             if row is None:
                 raise KeyError(decision_id)
-            s.add(DecisionEvent(decision_id=decision_id, at=at, state=row.state, detail=detail))
+            s.add(DecisionEvent(decision_id=decision_id, at=at, state=NOTE, detail=detail))
 
     def setting(self, key: str) -> dict[str, Any] | None:
         with self.session() as s:
@@ -227,27 +215,36 @@ class Ledger:
             return keys | set(s.scalars(select(DecisionRow.incident).distinct()).all())
 
     # ---- recoveries ------------------------------------------------------------------------
-    def unwatched_requeues(self) -> list[tuple[DecisionRow, datetime, datetime]]:
-        """Executed requeues with no recovery row yet: (decision, fault time, executed at).
+    def unwatched_requeues(
+        self, since: datetime
+    ) -> list[tuple[DecisionRow, datetime, datetime, datetime]]:
+        """Requeues executed since `since` with no recovery row yet: (decision, fault time,
+        when its run began, when it was executed).
 
-        The fault time is the earliest startsAt of the incident's evidence."""
+        The fault time is the earliest startsAt of the evidence; the run's start is the last
+        moment the failed attempt's own progress reports are sure to be there (its successor's
+        ranks replace them once Slurm starts it)."""
         with self.session() as s:
             watched = select(RecoveryRow.incident)
             rows = s.scalars(
                 select(DecisionRow).where(
                     DecisionRow.action == "requeue",
                     DecisionRow.state == "executed",
+                    DecisionRow.at >= since,
                     DecisionRow.incident.not_in(watched),
                 )
             ).all()
             out = []
             for r in rows:
-                done = s.scalars(
-                    select(DecisionEvent.at)
-                    .where(DecisionEvent.decision_id == r.id, DecisionEvent.state == "executed")
+                events = s.execute(
+                    select(DecisionEvent.state, DecisionEvent.at)
+                    .where(DecisionEvent.decision_id == r.id)
                     .order_by(DecisionEvent.id)
-                ).first()
-                out.append((r, fault_time(r.evidence, _utc(r.at)), _utc(done or r.at)))
+                ).all()
+                began = next((at for st, at in events if st == "running"), r.at)
+                done = next((at for st, at in events if st == "executed"), r.at)
+                fault = _utc(r.fault_at) if r.fault_at else fault_time(r.evidence, _utc(r.at))
+                out.append((r, fault, _utc(began), _utc(done)))
             return out
 
     def watch(self, w: Watch) -> None:
@@ -281,7 +278,14 @@ class Ledger:
             for r in self.recoveries("watching")
         ]
 
-    def conclude(self, incident: str, verdict: Verdict, at: datetime) -> None:
+    def conclude(
+        self,
+        incident: str,
+        verdict: Verdict,
+        at: datetime,
+        decisions: Sequence[Decision] = (),
+    ) -> list[int]:
+        """The verdict on a recovery and the decisions it leads to, in one transaction."""
         with self.session.begin() as s:
             row = s.get(RecoveryRow, incident)
             if row is None:
@@ -289,6 +293,7 @@ class Ledger:
             row.state, row.reason, row.decided_at = verdict.state, verdict.reason, at
             row.restored_seconds = verdict.restored_seconds
             row.before_checkpoint = verdict.before_checkpoint
+            return _insert_decisions(s, decisions, {"by": "verifier"})
 
     def recoveries(self, *states: str) -> list[RecoveryRow]:
         with self.session() as s:
@@ -299,9 +304,18 @@ class Ledger:
 
     def history(self, since: datetime) -> Iterator[PastAction]:
         with self.session() as s:
+            for rec in s.scalars(
+                select(RecoveryRow).where(
+                    RecoveryRow.state == "recovered", RecoveryRow.decided_at >= since
+                )
+            ):
+                assert rec.decided_at is not None
+                yield PastAction(at=_utc(rec.decided_at), action="recovered", job=rec.job)
             for r in s.scalars(select(DecisionRow).where(DecisionRow.at >= since)):
                 if r.guard == "recovery_failed" and r.action == "escalate":
                     first = r.evidence[0] if r.evidence else {}
+                    if not first.get("charged"):
+                        continue  # requeued again: that requeue counted itself
                     yield PastAction(
                         at=_utc(r.at),
                         action="recovery_failed",
@@ -320,7 +334,42 @@ class Ledger:
                     )
 
 
-def fault_time(evidence: list[Any], default: datetime) -> datetime:
+NOTE = "note"  # an event that records something about a decision without changing its state
+
+
+def _insert_decisions(
+    s: Session, decisions: Sequence[Decision], detail: dict[str, Any]
+) -> list[int]:
+    ids = []
+    for d in decisions:
+        j = d.to_json()
+        row = DecisionRow(
+            at=d.at,
+            incident=d.incident,
+            job=d.job,
+            action=d.action,
+            cause=d.cause,
+            nodes=j["nodes"],
+            exclude=j["exclude"],
+            reason=d.reason,
+            evidence=j["evidence"],
+            fault_at=fault_time(j["evidence"], None),
+            guard=d.guard,
+            mode=d.mode,
+            state=d.state,
+        )
+        s.add(row)
+        s.flush()
+        s.add(DecisionEvent(decision_id=row.id, at=d.at, state=d.state, detail=detail))
+        ids.append(row.id)
+    return ids
+
+
+@overload
+def fault_time(evidence: list[Any], default: datetime) -> datetime: ...
+@overload
+def fault_time(evidence: list[Any], default: None) -> datetime | None: ...
+def fault_time(evidence: list[Any], default: datetime | None) -> datetime | None:
     """When the failure began: the earliest startsAt among a decision's evidence."""
     starts = []
     for e in evidence:

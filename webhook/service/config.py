@@ -89,6 +89,8 @@ class ServiceConfig(_Strict):
     executor: Executor = Executor()
     verification: Verification = Verification()
     tick_seconds: float = Field(default=1.0, gt=0)
+    # /metrics reads the ledger at most this often per worker.
+    metrics_cache_seconds: float = Field(default=10.0, ge=0)
     workers: int = Field(default=2, ge=1)
 
 

@@ -62,6 +62,7 @@ def start_server(tmp: Path) -> Server:
             "basic_password_file": str(tmp / "password"),
         },
         "cluster": {"slurm_conf": str(tmp / "no-slurm.conf")},
+        "metrics_cache_seconds": 0,
     }
     (tmp / "config.yml").write_text(yaml.safe_dump(config))
     proc = subprocess.Popen(

@@ -104,7 +104,6 @@ class LiveLoop:
         self._sync_breaker()
         was_open = self.engine.guards.breaker_open
         decisions = self.engine.tick(self.clock())
-        decisions += self._verify()
         if self.engine.guards.breaker_open and not was_open:
             # It never closes by itself: only `slurmedic breaker reset` does.
             self.ledger.set_setting(
@@ -120,22 +119,26 @@ class LiveLoop:
                 )
             for d in decisions:
                 log.info("%s %s %s %s: %s", d.incident, d.action, d.state, d.cause, d.reason)
+        verified = self._verify()
         if self.dispatcher is not None:
+            if verified:
+                rows = self.ledger.rows(verified)
+                self.dispatcher.dispatch([r for r in rows if r.state == "recorded"])
             self.dispatcher.dispatch(self.dispatcher.pending())
         self._publish()
         return decisions
 
-    def _verify(self) -> list[Decision]:
+    def _verify(self) -> list[int]:
+        """Judge recoveries; the ids of decisions recorded. Never fails the step: the engine's
+        decisions of this step are already recorded, and the verifier tries again next time."""
         if self.verifier is None or time.monotonic() - self.verified_at < self.verify_seconds:
             return []
         self.verified_at = time.monotonic()
-        made = self.verifier.step(self.engine.view, self.engine.guards)
-        for d in made:
-            # A stop for the attempt running now: the engine must not decide it a second time.
-            self.engine.incidents.setdefault(
-                d.incident, Incident(key=d.incident, job=d.job, node=None, opened_at=d.at)
-            ).decided = True
-        return made
+        try:
+            return self.verifier.step(self.engine.view, self.engine.guards)
+        except Exception:
+            log.exception("verification failed; trying again next round")
+            return []
 
     def _publish(self) -> None:
         """What /metrics reports about the loop (it runs in another process): its heartbeat
@@ -145,9 +148,12 @@ class LiveLoop:
         self.heartbeat_at = time.monotonic()
         now = self.clock()
         self.ledger.set_setting("loop", {"at": now.timestamp()}, now)
+        # Jobs that count for goodput: eligible now, or restarted (their wait is a failure's).
+        # Jobs still queued for their first start are left out (they would be most series).
         jobs = {
             str(j.id): {"partition": j.partition, "restarts": j.restarts, "eligible": eligible(j)}
             for j in self.engine.view.jobs.values()
+            if eligible(j) or j.restarts > 0
         }
         if jobs != self.jobs_published:
             self.ledger.set_setting("jobs", jobs, now)

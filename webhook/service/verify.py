@@ -1,6 +1,10 @@
 """Verification in the live loop: watch each executed requeue until its successor makes progress
 again (or fails to), and act on a failed recovery. The judging is the core's
-(`webhook.core.recovery`); this module fetches progress from Prometheus and keeps the ledger."""
+(`webhook.core.recovery`); this module fetches progress from Prometheus and keeps the ledger.
+
+One Prometheus query per round for all the jobs watched, so a slow Prometheus costs the loop at
+most one timeout per round; a failure skips the round (nothing is judged without progress).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from webhook.adapters.prometheus import Prometheus, PrometheusError
 from webhook.core.cluster import ClusterView
 from webhook.core.decisions import Decision, GuardState, PastAction
 from webhook.core.policy import Policy
-from webhook.core.recovery import Watch, failure_point, judge, on_failure
+from webhook.core.recovery import RankProgress, Watch, failure_point, judge, on_failure
 from webhook.ledger.store import Ledger
 
 log = logging.getLogger("slurmedic.verify")
@@ -28,17 +32,38 @@ class Verifier:
     ) -> None:
         self.ledger, self.prometheus, self.policy, self.clock = ledger, prometheus, policy, clock
 
-    def step(self, view: ClusterView, guards: GuardState) -> list[Decision]:
-        """Open watches for new requeues, judge the open ones; decisions for failed ones."""
-        for row, fault_at, requeued_at in self.ledger.unwatched_requeues():
+    def step(self, view: ClusterView, guards: GuardState) -> list[int]:
+        """Open watches for new requeues, judge the open ones; the ids of decisions recorded."""
+        self._open_watches()
+        watches = self.ledger.watching()
+        if not watches:
+            return []
+        try:
+            progress = self.prometheus.progress_of({w.job for w in watches})
+        except PrometheusError as e:
+            log.warning("training progress unavailable, recoveries not judged: %s", e)
+            return []
+        ids: list[int] = []
+        for watch in watches:
+            try:
+                ids += self._judge(watch, progress.get(watch.job, []), view, guards)
+            except Exception:  # one watch must not stop the others, nor the loop
+                log.exception("judging the recovery of %s failed", watch.incident)
+        return ids
+
+    def _open_watches(self) -> None:
+        # Only requeues recent enough to be judged: turning verification on must not judge
+        # every requeue the ledger ever recorded.
+        since = self.clock() - self.policy.verify.deadline - self.policy.verify.pending_limit
+        for row, fault_at, began, requeued_at in self.ledger.unwatched_requeues(since):
             if row.job is None:
                 continue
             attempt = int(row.incident.rsplit(".", 1)[1])
             try:
-                # How far the failed attempt got: its ranks' last pushes when it was requeued
-                # (a fault does not always stop training at once; the work done until the
-                # requeue is what the successor must redo and pass).
-                ranks = self.prometheus.progress(row.job, at=requeued_at)
+                # How far the failed attempt got: its ranks' last pushes before the requeue ran
+                # (a fault does not always stop training at once; the work done until then is
+                # what the successor must redo and pass).
+                ranks = self.prometheus.progress_of({row.job}, at=began).get(row.job, [])
             except PrometheusError as e:
                 log.warning("no progress for job %s yet (%s); trying again", row.job, e)
                 continue
@@ -53,30 +78,30 @@ class Verifier:
             )
             self.ledger.watch(watch)
             log.info("watching %s: successor must pass step %g", row.incident, watch.point.target)
+
+    def _judge(
+        self, watch: Watch, ranks: list[RankProgress], view: ClusterView, guards: GuardState
+    ) -> list[int]:
+        now = self.clock()
+        job = view.jobs.get(watch.job)
+        verdict = judge(watch, ranks, job, now, self.policy.verify)
+        if verdict.state == "watching":
+            return []
         decisions: list[Decision] = []
-        deadline = self.policy.verify.deadline.total_seconds()
-        for watch in self.ledger.watching():
-            try:
-                ranks = self.prometheus.progress(watch.job)
-            except PrometheusError as e:
-                log.warning("progress of job %s unavailable: %s", watch.job, e)
-                continue
-            now = self.clock()
-            job = view.jobs.get(watch.job)
-            verdict = judge(watch, ranks, job, now, deadline)
-            if verdict.state == "watching":
-                continue
-            self.ledger.conclude(watch.incident, verdict, now)
-            log.info("recovery of %s %s: %s", watch.incident, verdict.state, verdict.reason)
-            if verdict.state == "failed":
-                decisions += on_failure(watch, verdict, job, guards, self.policy, now)
-                guards.history.append(
-                    PastAction(
-                        at=now,
-                        action="recovery_failed",
-                        job=watch.job,
-                        cause=watch.cause,
-                        before_checkpoint=verdict.before_checkpoint,
-                    )
+        if verdict.state == "failed":
+            decisions = on_failure(watch, verdict, job, guards, self.policy, now)
+        ids = self.ledger.conclude(watch.incident, verdict, now, decisions)
+        log.info("recovery of %s %s: %s", watch.incident, verdict.state, verdict.reason)
+        if verdict.state == "recovered":
+            guards.history.append(PastAction(at=now, action="recovered", job=watch.job))
+        if verdict.state == "failed" and verdict.charged:
+            guards.history.append(
+                PastAction(
+                    at=now,
+                    action="recovery_failed",
+                    job=watch.job,
+                    cause=watch.cause,
+                    before_checkpoint=verdict.before_checkpoint,
                 )
-        return decisions
+            )
+        return ids

@@ -1,0 +1,68 @@
+"""What the lab benchmarks share: a lab of their own with slurmedic enforcing, and polling."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from lab import manage, monitoring, processes
+from lab.config import LabConfig
+from webhook.ledger.store import Ledger
+from webhook.service.config import load_config
+
+T = TypeVar("T")
+
+
+def wait(probe: Callable[[], T | None], timeout: float = 90.0, interval: float = 0.05) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(probe)
+
+
+@contextmanager
+def enforcing_lab(
+    port_base: int, settle: float, **policy: Any
+) -> Iterator[tuple[LabConfig, Ledger]]:
+    """A fresh lab in a temporary directory, slurmedic serving it in enforce mode (breaker wide
+    open, shared-cause thresholds out of reach: one fault per round); everything stopped and
+    deleted afterwards."""
+    cfg = LabConfig(run_dir=Path(tempfile.mkdtemp(prefix="slurmedic-bench-")), port_base=port_base)
+    try:
+        manage.up(cfg)
+        path = cfg.run_dir / "enforce.yml"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "mode": "enforce",
+                    "settle_seconds": settle,
+                    "breaker": {"max_fraction": 1.0},
+                    "shared_cause": {"switch_min_nodes": 5, "cluster_min_nodes": 9},
+                    **policy,
+                }
+            )
+        )
+        monitoring.start_slurmedic(cfg, path)
+        yield cfg, Ledger(load_config(cfg.slurmedic_config).database_url)
+    finally:
+        processes.stop(cfg, "slurmedic")
+        manage.down(cfg, purge=True)
+
+
+def running_nodes(cfg: LabConfig, job: int) -> list[str]:
+    return wait(
+        lambda: (
+            manage.running_job(cfg, job)[0]
+            if manage.show_job(cfg, job)["JobState"] == "RUNNING"
+            else None
+        )
+    )
