@@ -35,8 +35,8 @@ def running_job(
     job = submit(nodes=nodes)
     names = running_nodes(lab_cfg, job)
     # Every GPU of every node is mapped to the job (dcgm hpc_job) in Prometheus before the
-    # fault, as a job's prolog would have it. (A counter that rises in the very scrape where
-    # its series first carries the job is one increase() cannot see: a known limit.)
+    # fault: each test here is about one alert of a running job (the fault at the job's start
+    # has a test of its own).
     eventually(
         lambda: len(query(lab_cfg, f'DCGM_FI_DEV_GPU_UTIL{{hpc_job="{job}"}}')) == 8 * nodes,
         what="all the job's GPUs mapped",
@@ -91,6 +91,22 @@ def test_gpu_fault_reaches_the_webhook(
         assert alert["labels"]["gpu"] == str(gpu)
         # Nothing about the healthy node of the same job.
         assert not receiver.alerts(name, since=since, node=nodes[0], **labels)
+
+
+def test_an_ecc_error_as_the_job_starts_is_caught_with_the_job(
+    lab_cfg: LabConfig, receiver: Receiver, submit: Callable[..., int], clean_faults: None
+) -> None:
+    """The count rises around the scrape where the GPU's series first carries the new job
+    (dcgm's hpc_job): before or after it, the alert names the job (increase() over the new
+    series alone could not see it)."""
+    job = submit(nodes=2)
+    nodes = running_nodes(lab_cfg, job)
+    since = time.time()
+    manage.inject_gpu(lab_cfg, "ecc_dbe", nodes[1], 2, count=1)  # no wait for the mapping
+    alert = delivered(
+        receiver, "GpuDoubleBitEccErrors", since, node=nodes[1], gpu="2", slurm_job_id=str(job)
+    )
+    assert alert["labels"]["signal"] == "gpu_hw"
 
 
 def test_alertmanager_sends_the_bearer_token(

@@ -109,3 +109,17 @@ def test_breaker_opens_survives_a_restart_and_closes_only_when_reset(tmp_path: P
     assert [(d.action, d.nodes, d.guard) for d in fourth if d.job == 4 and d.action == "drain"] == [
         ("drain", ("gpu05",), None)
     ]
+
+
+def test_the_loop_wakes_when_a_settle_window_ends_not_a_tick_later(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    clock = Clock()
+    loop = LiveLoop(ledger, load_policy({"settle_seconds": 20}), view, clock=clock)
+    assert loop.pause(1.0) == 1.0  # nothing pending: a tick
+    xid(ledger, "gpu01", 1, T0)
+    loop.step()  # the incident opens at its receipt, T0
+    clock.now = T0 + timedelta(seconds=19.7)
+    assert abs(loop.pause(1.0) - 0.3) < 1e-6
+    clock.now = T0 + timedelta(seconds=19.7 + 0.3)
+    assert {d.action for d in loop.step()} == {"drain", "requeue"}
+    assert loop.pause(1.0) == 1.0

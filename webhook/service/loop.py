@@ -172,4 +172,12 @@ class LiveLoop:
                 self.step()
             except Exception:
                 log.exception("loop step failed; retrying")
-            stop.wait(tick_seconds)
+            stop.wait(self.pause(tick_seconds))
+
+    def pause(self, tick_seconds: float) -> float:
+        """Until the next step: a tick, or less when an incident's settle window ends sooner
+        (its decision is not left waiting for the next tick)."""
+        due = self.engine.next_due()
+        if due is None:
+            return tick_seconds
+        return min(tick_seconds, max(0.01, (due - self.clock()).total_seconds()))
