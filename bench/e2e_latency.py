@@ -17,9 +17,8 @@ import argparse
 import statistics
 import time
 
-from bench.lablib import enforcing_lab, running_nodes, wait
+from bench.lablib import enforcing_lab, finish_round, running_nodes, wait
 from lab import api, manage
-from lab.slurm import slurm
 
 
 def main() -> None:
@@ -66,10 +65,7 @@ def main() -> None:
                     "own": at["executed"] - received - args.settle,
                 }
             )
-            slurm(cfg, "scancel", str(job), check=False)
-            manage.clear(cfg)
-            slurm(cfg, "scontrol", "update", f"nodename={nodes[0]}", "state=resume", check=False)
-            time.sleep(3)
+            finish_round(cfg, ledger, job, nodes[0])
     floor = 1 + 1 + 0 + args.settle  # scrape 1 s + evaluation 1 s + group_wait 0 s + settle
     print(
         f"{len(rows)} rounds, XID 79 -> drain executed, enforce mode, settle {args.settle:g}s "

@@ -13,6 +13,7 @@ import yaml
 
 from lab import manage, monitoring, processes
 from lab.config import LabConfig
+from lab.slurm import slurm
 from webhook.ledger.store import Ledger
 from webhook.service.config import load_config
 
@@ -59,10 +60,35 @@ def enforcing_lab(
 
 
 def running_nodes(cfg: LabConfig, job: int) -> list[str]:
-    return wait(
-        lambda: (
-            manage.running_job(cfg, job)[0]
-            if manage.show_job(cfg, job)["JobState"] == "RUNNING"
-            else None
+    try:
+        return wait(
+            lambda: (
+                manage.running_job(cfg, job)[0]
+                if manage.show_job(cfg, job)["JobState"] == "RUNNING"
+                else None
+            )
         )
+    except TimeoutError:
+        info = manage.show_job(cfg, job)
+        nodes = slurm(cfg, "sinfo", "-N", "-h", "-o", "%N %t %E")
+        raise TimeoutError(
+            f"job {job} not running: {info.get('JobState')} {info.get('Reason')}\n{nodes}"
+        ) from None
+
+
+def finish_round(cfg: LabConfig, ledger: Ledger, job: int, node: str) -> None:
+    """Leave the lab as the round found it: the job's decisions carried out (a requeue must
+    not release the job after it was cancelled), the job gone, faults cleared, the node back."""
+    incident = f"{job}.0"
+    wait(
+        lambda: all(
+            r.state in ("executed", "failed", "recorded")
+            for r in ledger.incident_decisions(incident)
+        ),
+        timeout=60,
     )
+    slurm(cfg, "scancel", str(job), check=False)
+    wait(lambda: manage.show_job(cfg, job).get("JobState") in ("CANCELLED", "COMPLETED", "FAILED"))
+    manage.clear(cfg)
+    slurm(cfg, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
+    time.sleep(3)

@@ -18,9 +18,8 @@ import argparse
 import statistics
 import time
 
-from bench.lablib import enforcing_lab, running_nodes, wait
+from bench.lablib import enforcing_lab, finish_round, running_nodes, wait
 from lab import api, manage
-from lab.slurm import slurm
 
 
 def main() -> None:
@@ -64,10 +63,7 @@ def main() -> None:
                     "job ETTR over the round": ettr[0]["value"] if ettr else float("nan"),
                 }
             )
-            slurm(cfg, "scancel", str(job), check=False)
-            manage.clear(cfg)
-            slurm(cfg, "scontrol", "update", f"nodename={nodes[1]}", "state=resume", check=False)
-            time.sleep(3)
+            finish_round(cfg, ledger, job, nodes[1])
     outcomes = [r.pop("outcome") for r in rows]
     print(
         f"{len(rows)} rounds, XID 79 on one of 3 nodes, enforce, settle {args.settle:g}s, "
