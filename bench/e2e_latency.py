@@ -14,11 +14,35 @@ allows (scrape + evaluation + group_wait + settle).
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
-from bench.lablib import enforcing_lab, finish_round, running_nodes, wait
+from bench.lablib import enforcing_lab, executed_at, finish_round, report, running_nodes, wait
 from lab import api, manage
+from lab.config import LabConfig
+from webhook.ledger.store import Ledger
+
+
+def one_round(cfg: LabConfig, ledger: Ledger, settle: float) -> dict[str, float]:
+    job = manage.submit_training(cfg, nodes=2, step_time=0.2)
+    nodes = running_nodes(cfg, job)
+    wait(lambda: api.query(cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'))
+    last_alert = ledger.last_alert_id()
+    t_fault = time.time()
+    manage.inject_gpu(cfg, "xid", nodes[0], 0, xid=79)
+    decided, executed = wait(lambda: executed_at(ledger, f"{job}.0", "drain"))
+    received = min(
+        t.timestamp()
+        for _, t, a in ledger.alerts_after(last_alert)
+        if a.labels.get("alertname") == "GpuXidNodeFault" and a.labels.get("node") == nodes[0]
+    )
+    finish_round(cfg, ledger, job, nodes[0])
+    return {
+        "detection": received - t_fault,
+        "settle+decision": decided - received,
+        "execution": executed - decided,
+        "total": executed - t_fault,
+        "own": executed - received - settle,
+    }
 
 
 def main() -> None:
@@ -26,58 +50,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--settle", type=float, default=5.0)
     args = p.parse_args()
-    rows = []
     with enforcing_lab(23000, args.settle) as (cfg, ledger):
-        for _ in range(args.rounds):
-            job = manage.submit_training(cfg, nodes=2, step_time=0.2)
-            nodes = running_nodes(cfg, job)
-            wait(lambda job=job: api.query(cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'))
-            t_fault = time.time()
-            manage.inject_gpu(cfg, "xid", nodes[0], 0, xid=79)
-            drain = wait(
-                lambda job=job: next(
-                    (
-                        r
-                        for r in ledger.decisions(50)
-                        if r.incident == f"{job}.0"
-                        and r.action == "drain"
-                        and r.state == "executed"
-                    ),
-                    None,
-                )
-            )
-            received = min(
-                t.timestamp()
-                for _, t, a in ledger.alerts_after(0, 100000)
-                if a.labels.get("alertname") == "GpuXidNodeFault"
-                and a.labels.get("node") == nodes[0]
-                and a.startsAt.timestamp() >= t_fault - 2
-            )
-            _, events = ledger.decision(drain.id)  # type: ignore[misc]
-            at = {e.state: e.at.timestamp() for e in events}
-            decided = drain.at.timestamp()
-            rows.append(
-                {
-                    "detection": received - t_fault,
-                    "settle+decision": decided - received,
-                    "execution": at["executed"] - decided,
-                    "total": at["executed"] - t_fault,
-                    "own": at["executed"] - received - args.settle,
-                }
-            )
-            finish_round(cfg, ledger, job, nodes[0])
+        rows = [one_round(cfg, ledger, args.settle) for _ in range(args.rounds)]
     floor = 1 + 1 + 0 + args.settle  # scrape 1 s + evaluation 1 s + group_wait 0 s + settle
     print(
         f"{len(rows)} rounds, XID 79 -> drain executed, enforce mode, settle {args.settle:g}s "
         f"(floor {floor:g}s: scrape 1s + evaluation 1s + group_wait 0s + settle)"
     )
-    for key in ("detection", "settle+decision", "execution", "total", "own"):
-        values = [r[key] for r in rows]
-        label = "slurmedic's own (receipt -> executed - settle)" if key == "own" else key
-        print(
-            f"  {label:48} median {statistics.median(values):5.2f}s  "
-            f"(min {min(values):.2f}, max {max(values):.2f})"
-        )
+    report(rows, {"own": "slurmedic's own (receipt -> executed - settle)"})
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -11,9 +12,11 @@ from typing import Any, TypeVar
 
 import yaml
 
-from lab import manage, monitoring, processes
+from lab import manage, monitoring
 from lab.config import LabConfig
-from lab.slurm import slurm
+from lab.slurm import LabError, slurm
+from webhook.core.cluster import ENDED_STATES
+from webhook.executor.dispatch import WAITING
 from webhook.ledger.store import Ledger
 from webhook.service.config import load_config
 
@@ -55,24 +58,23 @@ def enforcing_lab(
         monitoring.start_slurmedic(cfg, path)
         yield cfg, Ledger(load_config(cfg.slurmedic_config).database_url)
     finally:
-        processes.stop(cfg, "slurmedic")
-        manage.down(cfg, purge=True)
+        manage.down(cfg, purge=True)  # slurmedic first, as a lab process
 
 
 def running_nodes(cfg: LabConfig, job: int) -> list[str]:
+    def nodes() -> list[str] | None:
+        try:
+            return manage.running_job(cfg, job)[0]  # one scontrol a round
+        except LabError:
+            return None  # not running yet
+
     try:
-        return wait(
-            lambda: (
-                manage.running_job(cfg, job)[0]
-                if manage.show_job(cfg, job)["JobState"] == "RUNNING"
-                else None
-            )
-        )
+        return wait(nodes, interval=0.2)
     except TimeoutError:
         info = manage.show_job(cfg, job)
-        nodes = slurm(cfg, "sinfo", "-N", "-h", "-o", "%N %t %E")
+        sinfo = slurm(cfg, "sinfo", "-N", "-h", "-o", "%N %t %E")
         raise TimeoutError(
-            f"job {job} not running: {info.get('JobState')} {info.get('Reason')}\n{nodes}"
+            f"job {job} not running: {info.get('JobState')} {info.get('Reason')}\n{sinfo}"
         ) from None
 
 
@@ -81,14 +83,33 @@ def finish_round(cfg: LabConfig, ledger: Ledger, job: int, node: str) -> None:
     not release the job after it was cancelled), the job gone, faults cleared, the node back."""
     incident = f"{job}.0"
     wait(
-        lambda: all(
-            r.state in ("executed", "failed", "recorded")
-            for r in ledger.incident_decisions(incident)
-        ),
+        lambda: not any(r.state in WAITING for r in ledger.incident_decisions(incident)),
         timeout=60,
     )
     slurm(cfg, "scancel", str(job), check=False)
-    wait(lambda: manage.show_job(cfg, job).get("JobState") in ("CANCELLED", "COMPLETED", "FAILED"))
+    wait(lambda: manage.show_job(cfg, job).get("JobState") in ENDED_STATES)
     manage.clear(cfg)
     slurm(cfg, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
     time.sleep(3)
+
+
+def executed_at(ledger: Ledger, incident: str, action: str) -> tuple[float, float] | None:
+    """(decided, executed) epoch seconds of an incident's decision once it is executed."""
+    for row in ledger.incident_decisions(incident):
+        if row.action == action and row.state == "executed":
+            found = ledger.decision(row.id)
+            events = found[1] if found else []
+            done = next(e.at.timestamp() for e in events if e.state == "executed")
+            return row.at.timestamp(), done
+    return None
+
+
+def report(rows: list[dict[str, float]], labels: dict[str, str] | None = None) -> None:
+    """Median, min and max of every figure over the rounds."""
+    labels = labels or {}
+    for key in rows[0] if rows else []:
+        values = [r[key] for r in rows]
+        print(
+            f"  {labels.get(key, key):52} median {statistics.median(values):7.2f}  "
+            f"(min {min(values):.2f}, max {max(values):.2f})"
+        )

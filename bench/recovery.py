@@ -15,11 +15,42 @@ successor + replaying the steps since the checkpoint.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
-from bench.lablib import enforcing_lab, finish_round, running_nodes, wait
+from bench.lablib import enforcing_lab, executed_at, finish_round, report, running_nodes, wait
 from lab import api, manage
+from lab.config import LabConfig
+from webhook.ledger.store import Ledger
+
+
+def one_round(cfg: LabConfig, ledger: Ledger) -> tuple[str, dict[str, float]]:
+    job = manage.submit_training(cfg, nodes=3, step_time=0.3, ckpt_every=10)
+    nodes = running_nodes(cfg, job)
+    ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}}) >= 10'
+    wait(lambda: api.query(cfg, ckpt), timeout=180, interval=0.2)
+    time.sleep(1.5)  # a few steps past the checkpoint: work that will be lost
+    t_fault = time.time()
+    manage.inject_gpu(cfg, "xid", nodes[1], 0, xid=79)
+    rec = wait(
+        lambda: next((r for r in ledger.recoveries("recovered", "failed") if r.job == job), None),
+        timeout=180,
+        interval=0.2,
+    )
+    done = executed_at(ledger, f"{job}.0", "requeue")
+    assert done is not None, "a recovery is watched only after its requeue ran"
+    ettr = api.query(cfg, f'slurmedic:job_ettr:ratio{{slurm_job_id="{job}"}}')
+    finish_round(cfg, ledger, job, nodes[1])
+    fault = rec.fault_at.timestamp()
+    return rec.state, {
+        "detection": fault - t_fault,
+        "recovery latency (fault -> requeue executed)": done[1] - t_fault,
+        "time to restore (fault -> step at failure passed)": (
+            (rec.restored_seconds or 0) + fault - t_fault
+        ),
+        "work lost (since checkpoint)": rec.work_lost_seconds or 0.0,
+        "steps replayed": (rec.failed_step or 0) - (rec.checkpoint_step or 0),
+        "job ETTR over the round": ettr[0]["value"] if ettr else float("nan"),
+    }
 
 
 def main() -> None:
@@ -27,55 +58,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--settle", type=float, default=5.0)
     args = p.parse_args()
-    rows = []
     with enforcing_lab(24000, args.settle, verify={"deadline": "120s"}) as (cfg, ledger):
-        for _ in range(args.rounds):
-            job = manage.submit_training(cfg, nodes=3, step_time=0.3, ckpt_every=10)
-            nodes = running_nodes(cfg, job)
-            ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}}) >= 10'
-            wait(lambda ckpt=ckpt: api.query(cfg, ckpt), timeout=180, interval=0.2)
-            time.sleep(1.5)  # a few steps past the checkpoint: work that will be lost
-            t_fault = time.time()
-            manage.inject_gpu(cfg, "xid", nodes[1], 0, xid=79)
-            rec = wait(
-                lambda job=job: next(
-                    (r for r in ledger.recoveries("recovered", "failed") if r.job == job), None
-                ),
-                timeout=180,
-                interval=0.2,
-            )
-            requeue = next(
-                r for r in ledger.incident_decisions(f"{job}.0") if r.action == "requeue"
-            )
-            _, events = ledger.decision(requeue.id)  # type: ignore[misc]
-            executed = next(e.at.timestamp() for e in events if e.state == "executed")
-            ettr = api.query(cfg, f'slurmedic:job_ettr:ratio{{slurm_job_id="{job}"}}')
-            rows.append(
-                {
-                    "outcome": rec.state,
-                    "detection": rec.fault_at.timestamp() - t_fault,
-                    "recovery latency (fault -> requeue executed)": executed - t_fault,
-                    "time to restore (fault -> step at failure passed)": (
-                        (rec.restored_seconds or 0) + rec.fault_at.timestamp() - t_fault
-                    ),
-                    "work lost (since checkpoint)": rec.work_lost_seconds or 0.0,
-                    "steps replayed": (rec.failed_step or 0) - (rec.checkpoint_step or 0),
-                    "job ETTR over the round": ettr[0]["value"] if ettr else float("nan"),
-                }
-            )
-            finish_round(cfg, ledger, job, nodes[1])
-    outcomes = [r.pop("outcome") for r in rows]
+        results = [one_round(cfg, ledger) for _ in range(args.rounds)]
+    outcomes = [outcome for outcome, _ in results]
+    rows = [row for _, row in results]
     print(
         f"{len(rows)} rounds, XID 79 on one of 3 nodes, enforce, settle {args.settle:g}s, "
         f"step 0.3s, checkpoint every 10 steps: {outcomes.count('recovered')} recovered, "
         f"{outcomes.count('failed')} failed"
     )
-    for key in rows[0] if rows else []:
-        values = [r[key] for r in rows]
-        print(
-            f"  {key:52} median {statistics.median(values):7.2f}  "
-            f"(min {min(values):.2f}, max {max(values):.2f})"
-        )
+    report(rows)
 
 
 if __name__ == "__main__":

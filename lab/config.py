@@ -53,13 +53,21 @@ class LabConfig:
     scrape_interval: str = "1s"
     python: str = field(default_factory=lambda: sys.executable)
 
+    def __post_init__(self) -> None:
+        # The lab takes base+1 .. base+903; above 32767 the kernel hands out ephemeral ports,
+        # and a client's source port could take one of ours. Checked here, for every lab (the
+        # tests and benches make theirs without the environment).
+        if not 1024 <= self.port_base <= 31000:
+            raise ValueError(
+                f"the lab's port base (SLURMEDIC_LAB_PORT_BASE) must be from 1024 to 31000, "
+                f"not {self.port_base}"
+            )
+
     @classmethod
     def from_env(cls, run_dir: Path | str | None = None) -> LabConfig:
         rd = run_dir or os.environ.get(MARKER_ENV) or REPO_ROOT / "run" / "lab"
         raw_base = os.environ.get("SLURMEDIC_LAB_PORT_BASE", str(DEFAULT_PORT_BASE))
-        if not raw_base.isdigit() or not 1024 <= int(raw_base) <= 31000:
-            # The lab takes base+1 .. base+903; above 32767 the kernel hands out ephemeral
-            # ports, and a client's source port could take one of ours.
+        if not raw_base.isdigit():
             raise ValueError(
                 f"SLURMEDIC_LAB_PORT_BASE must be a number from 1024 to 31000, not {raw_base!r}"
             )

@@ -55,6 +55,15 @@ COUNTERS = {
 }
 
 
+def gpu_uuid(node: str, gpu: int) -> str:
+    """A lab GPU's stable identity, the same in the fake dcgm-exporter and the fake nvidia-smi."""
+    return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.{gpu}.slurmedic-lab')}"
+
+
+def gpu_bus_id(gpu: int) -> str:
+    return f"00000000:{0x18 + gpu * 0x10:02X}:00.0"
+
+
 def gpu_values(busy: bool, faults: list[GpuFault], now: float) -> dict[str, float]:
     """The value of every metric of one GPU at `now`, given its job load and its faults."""
     v: dict[str, float] = {
@@ -124,17 +133,13 @@ class NodeExporter:
 
     def __init__(self, cfg: LabConfig, node: str, view: SlurmView) -> None:
         self.cfg, self.node, self.view = cfg, node, view
-        # Stable per-GPU identities, as the real exporter would report them.
-        self.uuids = [
-            f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.{g}.slurmedic-lab')}"
-            for g in range(cfg.gpus_per_node)
-        ]
+        self.uuids = [gpu_uuid(node, g) for g in range(cfg.gpus_per_node)]
 
     def gpu_labels(self, gpu: int, job: int | None) -> list[tuple[str, str]]:
         labels = [
             ("gpu", str(gpu)),
             ("UUID", self.uuids[gpu]),
-            ("pci_bus_id", f"00000000:{0x18 + gpu * 0x10:02X}:00.0"),
+            ("pci_bus_id", gpu_bus_id(gpu)),
             ("device", f"nvidia{gpu}"),
             ("modelName", MODEL),
             (self.cfg.dcgm_host_label, self.node),

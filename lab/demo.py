@@ -1,5 +1,6 @@
-"""The README's main command: the lab, a training job, a GPU fault, the alert it becomes, and
-slurmedic's recommendation (monitor mode: recorded, Slurm untouched)."""
+"""The README's main command: the lab, a training job, a GPU fault, the alert it becomes,
+slurmedic's recommendation with its dry-run commands (monitor mode: recorded, Slurm untouched)
+and the diagnostics of the node. It can be run again: it starts from healthy GPUs and nodes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rich.console import Console
 from lab import api, manage, monitoring
 from lab.config import LabConfig
 from lab.processes import wait_until
-from lab.slurm import LabError
+from lab.slurm import LabError, slurm
 from webhook.ledger.store import Ledger
 from webhook.service.config import load_config
 
@@ -21,7 +22,11 @@ def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60
     console.rule("1. the lab, and slurmedic in monitor mode")
     seconds = manage.up(cfg)
     console.print(f"8-node Slurm cluster and monitoring stack ready in {seconds:.1f}s")
-    manage.clear(cfg)  # a demo starts from healthy GPUs
+    manage.clear(cfg)  # a demo starts from healthy GPUs ...
+    # ... and free nodes: an earlier demo's job trains until cancelled.
+    slurm(cfg, "scancel", "--name=demo-pretrain", check=False)
+    if not wait_until(lambda: not slurm(cfg, "squeue", "-h", "--name=demo-pretrain"), 30, 0.5):
+        raise LabError("an earlier demo job did not leave the queue within 30s")
     monitoring.start_slurmedic(cfg)
     console.print(f"slurmedic serves the lab's Alertmanager at {cfg.url(cfg.receiver_port)}")
 
@@ -73,7 +78,7 @@ def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60
     rows: list = []  # type: ignore[type-arg]
 
     def decided() -> bool:
-        rows[:] = [r for r in ledger.decisions(50) if r.incident == incident]
+        rows[:] = ledger.incident_decisions(incident)
         return bool(rows)
 
     if not wait_until(decided, timeout, 0.3):
@@ -81,8 +86,10 @@ def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60
     decided_after = time.monotonic() - t0
 
     def dry_runs() -> bool:
+        # The executor has had its say on each: a dry run, or "no scheduler action" for an
+        # escalation (which has no dry run to wait for).
         found = [ledger.decision(r.id) for r in rows]
-        return all(f and any("dry_run" in e.detail for e in f[1]) for f in found)
+        return all(f and any(e.detail.get("by") == "executor" for e in f[1]) for f in found)
 
     wait_until(dry_runs, timeout, 0.3)
     for r in sorted(rows, key=lambda r: r.id):

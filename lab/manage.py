@@ -99,7 +99,8 @@ def down(cfg: LabConfig, *, purge: bool = False) -> list[int]:
     # slurmctld may already be gone; the sweep below still finds job tasks.
     with contextlib.suppress(LabError, OSError):
         slurm.cancel_all_jobs(cfg)
-    for name in MONITORING:
+    # slurmedic (while `lab serve`, a test or a bench runs it) first: it acts on the rest.
+    for name in ("slurmedic", *MONITORING):
         processes.stop(cfg, name)
     for node in cfg.nodes:
         processes.stop(cfg, f"slurmd-{node}", grace=3.0)

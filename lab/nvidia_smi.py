@@ -20,6 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from lab.config import LabConfig
+from lab.dcgm_exporter import gpu_bus_id, gpu_uuid
 from lab.faults import GpuFault, load_gpu_faults
 
 SAMPLE = Path(__file__).with_name("data") / "nvidia-smi-h200.xml"
@@ -66,11 +67,11 @@ def render(cfg: LabConfig, node: str) -> tuple[str, list[str]]:
     errors = []
     for index in range(cfg.gpus_per_node):
         gpu = copy.deepcopy(template)
-        bus = f"00000000:{0x18 + 0x10 * index:02X}:00.0"
+        bus = gpu_bus_id(index)
         gpu.set("id", bus)
         _set(gpu, "pci/pci_bus_id", bus)
         _set(gpu, "minor_number", str(index))
-        _set(gpu, "uuid", f"GPU-{node}-{index:04d}-lab")
+        _set(gpu, "uuid", gpu_uuid(node, index))
         _set(gpu, "serial", f"{node}{index:04d}")
         present = all(_apply(gpu, f) for f in faults if f.gpu == index)
         if present:

@@ -356,7 +356,9 @@ def test_kill_9_while_a_playbook_runs_is_reconciled_and_never_runs_twice(
     for v in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(v, signal.SIGKILL)
-    processes.wait_until(lambda: not any(processes.is_alive(v) for v in victims), 10)
+    assert processes.wait_until(lambda: not any(processes.is_alive(v) for v in victims), 10)
+    # The crash cut a run short: the ledger still says it is running.
+    assert running(), [(r.action, r.state) for r in ledger.incident_decisions(f"{job}.0")]
     (lab_cfg.pids / "slurmedic.pid").unlink(missing_ok=True)
     monitoring.start_slurmedic(lab_cfg, tmp_path / "policy-enforce.yml")
     rows = decided(ledger, f"{job}.0", 2, {"executed"})

@@ -22,7 +22,8 @@ from webhook.core.policy import load_policy
 from webhook.ledger.store import Ledger
 from webhook.service.verify import Verifier
 
-T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+NOW = T0 + timedelta(minutes=5)  # the verifiers' clock: fixed, whatever the suite's length
 
 
 class FakePrometheus(ThreadingHTTPServer):
@@ -112,7 +113,9 @@ def test_a_requeue_is_watched_then_verified(prom: FakePrometheus, tmp_path: Path
     ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
     executed_requeue(ledger, 7)
     url = f"http://127.0.0.1:{prom.server_address[1]}"
-    verifier = Verifier(ledger, Prometheus(url), load_policy({"mode": "enforce"}))
+    verifier = Verifier(
+        ledger, Prometheus(url), load_policy({"mode": "enforce"}), clock=lambda: NOW
+    )
     guards = GuardState()
     prom.answer = vector(*progress(7, 0, 120, 118))  # the failed attempt, as of the requeue
     assert verifier.step(view(7), guards) == []
@@ -126,6 +129,7 @@ def test_a_requeue_is_watched_then_verified(prom: FakePrometheus, tmp_path: Path
     verifier.step(view(7), guards)
     (rec,) = ledger.recoveries("recovered")
     assert rec.restored_seconds is not None and rec.restored_seconds > 0
+    assert rec.restored_seconds == (NOW - T0).total_seconds()
     assert [h.action for h in guards.history] == ["recovered"]
 
 
@@ -144,7 +148,9 @@ def test_a_prometheus_that_answers_nonsense_judges_nothing_and_breaks_nothing(
     ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
     executed_requeue(ledger, 8)
     url = f"http://127.0.0.1:{prom.server_address[1]}"
-    verifier = Verifier(ledger, Prometheus(url), load_policy({"mode": "enforce"}))
+    verifier = Verifier(
+        ledger, Prometheus(url), load_policy({"mode": "enforce"}), clock=lambda: NOW
+    )
     prom.answer = vector(*progress(8, 0, 50))
     verifier.step(view(8), GuardState())
     prom.answer = answer

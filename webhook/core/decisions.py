@@ -152,28 +152,12 @@ def decide(
     out: list[Decision] = []
     in_scope = _in_scope(policy, job.partition if job else None)
     for action, _ in plan(attr, job):
-        if action == "drain" and job is None and _all_drained(attr.nodes, view):
-            # An idle node that is already out of service (the alert outlived the job it hit,
-            # or an operator drained it): nothing to do, and nothing for the breaker to count.
-            out.append(
-                replace(
-                    base,
-                    guard="already_drained",
-                    reason=f"{names(attr.nodes)} is already drained; {attr.reason}",
-                )
-            )
-        elif action == "drain":
+        if action == "drain":
             out.append(_drain(base, attr, view, policy, guards, now))
         elif action in ("requeue", "stop") and job is not None:
             if not in_scope:
-                out.append(
-                    replace(
-                        base,
-                        action="none",
-                        guard="out_of_scope",
-                        reason=f"job {job.id} is outside the policy's partitions; {attr.reason}",
-                    )
-                )
+                why = f"job {job.id} is outside the policy's partitions"
+                out.append(_refuse(base, "out_of_scope", why, attr))
             elif action == "requeue":
                 out += _requeue(base, attr, job, policy, guards, now)
             else:
@@ -189,13 +173,7 @@ def decide(
             )
         else:
             out.append(replace(base, action=action))
-    return [_with_mode(d, policy) for d in _one_per_action(out)]
-
-
-def _all_drained(nodes: tuple[str, ...], view: ClusterView) -> bool:
-    return bool(nodes) and all(
-        n in view.nodes and view.nodes[n].state.startswith("drain") for n in nodes
-    )
+    return [with_mode(d, policy) for d in _one_per_action(out)]
 
 
 def _in_scope(policy: Policy, partition: str | None) -> bool:
@@ -217,12 +195,13 @@ def _drain(
         if n in view.nodes and any(_in_scope(policy, p) for p in view.nodes[n].partitions)
     )
     if not nodes:
-        return replace(
-            base,
-            action="none",
-            guard="out_of_scope",
-            reason=f"{names(attr.nodes)} is outside the policy's partitions; {attr.reason}",
+        return _refuse(
+            base, "out_of_scope", f"{names(attr.nodes)} is outside the policy's partitions", attr
         )
+    # Nodes already out of service (an operator's drain, or an alert that outlived the job it
+    # hit): nothing to drain, and nothing for the breaker to count. A requeue still excludes them.
+    if all(view.nodes[n].state.startswith("drain") for n in nodes):
+        return _refuse(base, "already_drained", f"{names(nodes)} is already drained", attr)
     already = guards.drained(now - policy.breaker.window)
     limit = max(1, math.ceil(policy.breaker.max_fraction * len(view.nodes)))
     new = set(nodes) - already
@@ -245,32 +224,13 @@ def _requeue(
 ) -> list[Decision]:
     opts = job.options()
     if not job.requeue:
-        return [
-            replace(
-                base,
-                action="none",
-                guard="no_requeue",
-                reason=f"job {job.id} was submitted with --no-requeue; {attr.reason}",
-            )
-        ]
+        return [_refuse(base, "no_requeue", f"job {job.id} was submitted with --no-requeue", attr)]
     if opts.get("requeue") is False:
         return [
-            replace(
-                base,
-                action="none",
-                guard="opted_out",
-                reason=f"job {job.id} opted out of requeues in its comment; {attr.reason}",
-            )
+            _refuse(base, "opted_out", f"job {job.id} opted out of requeues in its comment", attr)
         ]
     if policy.scope.require_opt_in and opts.get("requeue") is not True:
-        return [
-            replace(
-                base,
-                action="none",
-                guard="not_opted_in",
-                reason=f"job {job.id} did not opt in to requeues; {attr.reason}",
-            )
-        ]
+        return [_refuse(base, "not_opted_in", f"job {job.id} did not opt in to requeues", attr)]
     # A job may ask for fewer requeues than the policy allows, never for more.
     budget = policy.retry_budget.max_requeues
     wanted = opts.get("max_requeues")
@@ -283,22 +243,29 @@ def _requeue(
             f"job {job.id}'s last {stalled} restart(s) failed before their first checkpoint "
             f"(limit {policy.verify.max_failures_before_checkpoint}); {attr.reason}"
         )
-        return [
-            replace(base, action="stop", guard="no_progress", reason=why),
-            replace(base, action="escalate", guard="no_progress", reason=why),
-        ]
+        return _give_up(base, "no_progress", why)
     used = guards.requeues(job.id, since)
     if used >= budget:
         why = (
             f"job {job.id} was requeued {used} time(s) in the last "
             f"{int(policy.retry_budget.window.total_seconds())}s (budget {budget}); {attr.reason}"
         )
-        return [
-            replace(base, action="stop", guard="retry_budget_exhausted", reason=why),
-            replace(base, action="escalate", guard="retry_budget_exhausted", reason=why),
-        ]
+        return _give_up(base, "retry_budget_exhausted", why)
     guards.history.append(PastAction(at=now, action="requeue", job=job.id, exclude=attr.nodes))
     return [replace(base, action="requeue", exclude=attr.nodes)]
+
+
+def _refuse(base: Decision, guard: str, why: str, attr: Attribution) -> Decision:
+    """Nothing to do, because a guard says so."""
+    return replace(base, action="none", guard=guard, reason=f"{why}; {attr.reason}")
+
+
+def _give_up(base: Decision, guard: str, why: str) -> list[Decision]:
+    """No more restarts: the job is stopped and a human told."""
+    return [
+        replace(base, action="stop", guard=guard, reason=why),
+        replace(base, action="escalate", guard=guard, reason=why),
+    ]
 
 
 def _one_per_action(decisions: list[Decision]) -> list[Decision]:
@@ -311,7 +278,8 @@ def _one_per_action(decisions: list[Decision]) -> list[Decision]:
     return out
 
 
-def _with_mode(d: Decision, policy: Policy) -> Decision:
+def with_mode(d: Decision, policy: Policy) -> Decision:
+    """The decision in the mode the policy gives its action, and the state that mode starts in."""
     mode = policy.mode_of(d.action)
     state = "recorded" if d.action == "none" else STATE_OF_MODE[mode]
     return replace(d, mode=mode, state=state)

@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Literal
 
 from webhook.core.cluster import ACTIVE_STATES, ENDED_STATES, Job
-from webhook.core.decisions import STATE_OF_MODE, Decision, GuardState
+from webhook.core.decisions import Decision, GuardState, with_mode
 from webhook.core.policy import Policy, Verify
 
 State = Literal["watching", "recovered", "failed", "unverified"]
@@ -213,8 +213,6 @@ def on_failure(
             reason=f"the requeued job did not recover: {verdict.reason}",
             evidence=evidence,
             guard="recovery_failed",
-            mode=policy.mode_of("escalate"),
-            state=STATE_OF_MODE[policy.mode_of("escalate")],
         )
     ]
     since = now - policy.retry_budget.window
@@ -223,7 +221,6 @@ def on_failure(
     limit = policy.verify.max_failures_before_checkpoint
     stalls = verdict.charged and verdict.before_checkpoint
     if stalls and repeated + 1 >= limit and alive and job is not None:
-        mode = policy.mode_of("stop")
         decisions.append(
             Decision(
                 at=now,
@@ -238,8 +235,6 @@ def on_failure(
                 ),
                 evidence=evidence,
                 guard="no_progress",
-                mode=mode,
-                state=STATE_OF_MODE[mode],
             )
         )
-    return decisions
+    return [with_mode(d, policy) for d in decisions]

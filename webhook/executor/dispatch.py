@@ -106,8 +106,10 @@ class Dispatcher:
             except Exception:
                 log.exception("decision %s failed to run", row.id)
                 ok = False
-            if not ok and row.action == "drain":
-                # A requeue must not send the job back to a node still in service.
+            monitor = row.mode == "monitor" or self.force_monitor()
+            if not ok and row.action == "drain" and not monitor:
+                # A requeue must not send the job back to a node still in service (a failed
+                # dry run changed nothing: the requeue's own dry run still shows its commands).
                 for later in rows[rows.index(row) + 1 :]:
                     self.ledger.add_event(
                         later.id,
@@ -120,34 +122,33 @@ class Dispatcher:
         # nvidia-smi takes a timeout, which must not delay any job.
         for row in rows:
             if row.action == "drain" and self.artifacts is not None:
-                self.diagnostics.submit(self._diagnose_logged, row)
-
-    def _diagnose_logged(self, row: DecisionRow) -> None:
-        try:
-            self._diagnose(row)
-        except Exception:  # a worker's exception would vanish with its future
-            log.exception("diagnostics for decision %s failed", row.id)
+                self.diagnostics.submit(self._diagnose, row)
 
     def _diagnose(self, row: DecisionRow) -> None:
-        """Collect diagnostics on the nodes of a drain that ran (or was dry-run), once."""
-        if self.artifacts is None:
-            return
-        found = self.ledger.decision(row.id)
-        if found is None or found[0].state not in ("recorded", "executed"):
-            return
-        if any("diagnostics" in e.detail for e in found[1]):
-            return  # a restart picked the incident up again: already collected
+        """Collect diagnostics on the nodes of a drain that ran (or was dry-run), once.
+
+        A courtesy to the human who repairs the node: it never fails the decision, and on this
+        worker an exception would vanish with its future, so every one is logged here."""
+        assert self.artifacts is not None
         try:
-            result = self._run(
-                "collect_diagnostics",
-                {"slurmedic_nodes": row.nodes, "slurmedic_incident": row.incident},
-                check=row.mode == "monitor" or self.force_monitor(),
-            )
-            note = keep(result, self.artifacts, row.incident)
-        except Exception as e:  # diagnostics are a courtesy: never fail the decision
-            log.exception("diagnostics for decision %s failed", row.id)
-            note = {"error": repr(e)[:500]}
-        self.ledger.add_note(row.id, {"by": "executor", "diagnostics": note}, self.clock())
+            found = self.ledger.decision(row.id)
+            if found is None or found[0].state not in ("recorded", "executed"):
+                return
+            if any("diagnostics" in e.detail for e in found[1]):
+                return  # a restart picked the incident up again: already collected
+            try:
+                result = self._run(
+                    "collect_diagnostics",
+                    {"slurmedic_nodes": row.nodes, "slurmedic_incident": row.incident},
+                    check=row.mode == "monitor" or self.force_monitor(),
+                )
+                note = keep(result, self.artifacts, row.incident)
+            except Exception as e:
+                log.exception("diagnostics for decision %s failed", row.id)
+                note = {"error": repr(e)[:500]}
+            self.ledger.add_note(row.id, {"by": "executor", "diagnostics": note}, self.clock())
+        except Exception:
+            log.exception("recording diagnostics for decision %s failed", row.id)
 
     def _drains_first(self, row: DecisionRow) -> str | None:
         """For a requeue or stop: None to go ahead, "wait" while the incident's drain is still

@@ -7,9 +7,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect, select
+from sqlalchemy import Engine, create_engine, event, func, inspect, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -116,6 +116,10 @@ class Ledger:
                 select(AlertRow).where(AlertRow.id > last_id).order_by(AlertRow.id).limit(limit)
             ).all()
             return [(r.id, _utc(r.received_at), Alert.model_validate(r.alert)) for r in rows]
+
+    def last_alert_id(self) -> int:
+        with self.session() as s:
+            return int(s.scalar(select(func.max(AlertRow.id))) or 0)
 
     def notification_count(self) -> int:
         with self.session() as s:
@@ -243,7 +247,8 @@ class Ledger:
                 ).all()
                 began = next((at for st, at in events if st == "running"), r.at)
                 done = next((at for st, at in events if st == "executed"), r.at)
-                fault = _utc(r.fault_at) if r.fault_at else fault_time(r.evidence, _utc(r.at))
+                # Ledgers from before the column have the fault in the evidence only.
+                fault = _utc(r.fault_at or fault_time(r.evidence) or r.at)
                 out.append((r, fault, _utc(began), _utc(done)))
             return out
 
@@ -353,7 +358,7 @@ def _insert_decisions(
             exclude=j["exclude"],
             reason=d.reason,
             evidence=j["evidence"],
-            fault_at=fault_time(j["evidence"], None),
+            fault_at=fault_time(j["evidence"]),
             guard=d.guard,
             mode=d.mode,
             state=d.state,
@@ -365,17 +370,14 @@ def _insert_decisions(
     return ids
 
 
-@overload
-def fault_time(evidence: list[Any], default: datetime) -> datetime: ...
-@overload
-def fault_time(evidence: list[Any], default: None) -> datetime | None: ...
-def fault_time(evidence: list[Any], default: datetime | None) -> datetime | None:
-    """When the failure began: the earliest startsAt among a decision's evidence."""
+def fault_time(evidence: list[Any]) -> datetime | None:
+    """When the failure began: the earliest startsAt among a decision's evidence (None when
+    its evidence names no alert, as the verifier's decisions)."""
     starts = []
     for e in evidence:
         with contextlib.suppress(KeyError, TypeError, ValueError):
             starts.append(datetime.fromisoformat(str(e["startsAt"]).replace("Z", "+00:00")))
-    return min(starts, default=default)
+    return min(starts, default=None)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
