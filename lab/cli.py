@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
@@ -12,9 +13,10 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from lab import api, manage
+from lab import api, manage, stacks
 from lab.config import LabConfig
 from lab.slurm import LabError, node_states
+from lab.stacks import StackError
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console()
@@ -27,7 +29,7 @@ def lab_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except LabError as e:
+        except (LabError, StackError) as e:
             raise click.ClickException(str(e)) from e
         except ValidationError as e:
             err = e.errors()[0]
@@ -56,14 +58,54 @@ def lab(ctx: click.Context, run_dir: str | None) -> None:
 pass_cfg = click.make_pass_decorator(LabConfig)
 
 
+STACK_OPTION = click.option(
+    "--stack",
+    type=click.Choice(list(stacks.STACKS)),
+    help=f"Debian release whose Slurm and monitoring stack to run [default: "
+    f"{stacks.DEFAULT_STACK}, or SLURMEDIC_LAB_STACK, or the stack the lab already runs].",
+)
+
+
 @lab.command()
+@STACK_OPTION
 @pass_cfg
 @lab_errors
-def up(cfg: LabConfig) -> None:
-    """Start the lab (harmless when it is already up)."""
+def up(cfg: LabConfig, stack: str | None) -> None:
+    """Start the lab (harmless when it is already up); builds its stack the first time."""
+    if stack is not None:
+        cfg = dataclasses.replace(cfg, stack=stack)
     seconds = manage.up(cfg)
     _print_status(cfg)
-    console.print(f"lab ready in {seconds:.1f}s  (state: {cfg.run_dir})")
+    console.print(f"lab ready in {seconds:.1f}s  (stack: {cfg.stack}, state: {cfg.run_dir})")
+
+
+@lab.command()
+@click.argument("names", nargs=-1, type=click.Choice(list(stacks.STACKS)))
+@lab_errors
+def build(names: tuple[str, ...]) -> None:
+    """Build the roots of the named stacks (all by default) unless they are built."""
+    for name in names or tuple(stacks.STACKS):
+        stack = stacks.get(name)
+        seconds = stacks.ensure_built(stack)
+        where = "host packages" if stack.is_host else str(stack.root)
+        state = f"built in {seconds:.0f}s" if seconds else "ready"
+        console.print(f"{name}: {state} ({where})")
+
+
+@lab.command("stacks")
+@lab_errors
+def list_stacks() -> None:
+    """The stacks the lab can run, whether each is built, and the versions each carries."""
+    table = Table("stack", "what", "built", "slurm", "prometheus", "alertmanager", "mtail")
+    for stack in stacks.STACKS.values():
+        v = stack.versions()
+        table.add_row(
+            stack.name + (" (default)" if stack.name == stacks.DEFAULT_STACK else ""),
+            stack.description,
+            "yes" if stack.built() else "no",
+            *(v.get(p, "-") for p in stacks.VERSIONS_COMPONENTS),
+        )
+    console.print(table)
 
 
 @lab.command()

@@ -51,6 +51,8 @@ class LabConfig:
     # dcgm-exporter renamed its host label from `Hostname` to `hostname` in mid-2026.
     dcgm_host_label: str = "Hostname"
     scrape_interval: str = "1s"
+    # Which Debian release's Slurm and monitoring stack the lab runs (lab/stacks.py).
+    stack: str = "bookworm"  # tests and benches name theirs; the CLI's default: lab/stacks.py
     python: str = field(default_factory=lambda: sys.executable)
 
     def __post_init__(self) -> None:
@@ -62,6 +64,9 @@ class LabConfig:
                 f"the lab's port base (SLURMEDIC_LAB_PORT_BASE) must be from 1024 to 31000, "
                 f"not {self.port_base}"
             )
+        from lab.stacks import get
+
+        get(self.stack)  # a clear error for an unknown name
 
     @classmethod
     def from_env(cls, run_dir: Path | str | None = None) -> LabConfig:
@@ -77,7 +82,16 @@ class LabConfig:
             raise ValueError(
                 f"SLURMEDIC_LAB_DCGM_HOST_LABEL must be Hostname or hostname, not {host_label!r}"
             )
-        return cls(run_dir=Path(rd).resolve(), port_base=base, dcgm_host_label=host_label)
+        from lab.stacks import DEFAULT_STACK, STACK_ENV
+
+        # The stack named, else the one this run directory's lab was brought up with.
+        recorded = Path(rd) / "etc" / "stack"
+        stack = os.environ.get(STACK_ENV) or (
+            recorded.read_text().strip() if recorded.is_file() else DEFAULT_STACK
+        )
+        return cls(
+            run_dir=Path(rd).resolve(), port_base=base, dcgm_host_label=host_label, stack=stack
+        )
 
     # ---- nodes -------------------------------------------------------------------------
     @property
@@ -197,4 +211,15 @@ class LabConfig:
         env["SLURMEDIC_LAB_PORT_BASE"] = str(self.port_base)
         env["SLURMEDIC_LAB_DCGM_HOST_LABEL"] = self.dcgm_host_label
         env["PYTHONUNBUFFERED"] = "1"
+        env["SLURMEDIC_LAB_STACK"] = self.stack
+        from lab.stacks import get
+
+        if not get(self.stack).is_host:
+            # The stack's Slurm and monitoring commands: wrappers that run them in its root.
+            env["PATH"] = f"{self.bindir}{os.pathsep}{env.get('PATH', os.defpath)}"
         return env
+
+    @property
+    def bindir(self) -> Path:
+        """Wrappers for the commands of a stack other than the host's (lab/stacks.py)."""
+        return self.run_dir / "bin"

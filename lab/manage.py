@@ -11,7 +11,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from lab import monitoring, processes, slurm
+from lab import monitoring, processes, slurm, stacks
 from lab.config import REPO_ROOT, LabConfig
 from lab.faults import (
     GpuFault,
@@ -24,7 +24,7 @@ from lab.faults import (
     control_path,
 )
 from lab.slurm import LabError
-from lab.slurm_view import job_nodes
+from lab.slurm_view import expand_nodes
 
 MONITORING = (
     "slurm-exporter",
@@ -81,10 +81,36 @@ def check_ports(cfg: LabConfig) -> None:
             )
 
 
+def running_stack(cfg: LabConfig) -> str | None:
+    """The stack the lab in this run directory was brought up with, while anything runs."""
+    try:
+        name = (cfg.etc / "stack").read_text().strip()
+    except OSError:
+        return None
+    return name if any(d.pid for d in status(cfg)) else None
+
+
+def prepare_stack(cfg: LabConfig) -> float:
+    """Build the lab's stack if it is not built (cached outside the repo) and write its
+    command wrappers; return the build's seconds (0 when cached)."""
+    stack = stacks.get(cfg.stack)
+    other = running_stack(cfg)
+    if other is not None and other != cfg.stack:
+        raise LabError(
+            f"the lab in {cfg.run_dir} runs the {other} stack; `slurmedic lab down` first"
+        )
+    built = stacks.ensure_built(stack)
+    stacks.write_wrappers(stack, cfg.run_dir)
+    cfg.etc.mkdir(parents=True, exist_ok=True)
+    (cfg.etc / "stack").write_text(cfg.stack + "\n")
+    return built
+
+
 def up(cfg: LabConfig) -> float:
     """Bring the whole lab up (harmless when it is up); return the seconds it took."""
     t0 = time.monotonic()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    prepare_stack(cfg)
     check_ports(cfg)
     slurm.start_cluster(cfg)
     monitoring.start(cfg)
@@ -194,7 +220,7 @@ def running_job(cfg: LabConfig, job_id: int) -> tuple[list[str], int]:
     info = show_job(cfg, job_id)
     if info.get("JobState") != "RUNNING":
         raise LabError(f"job {job_id} is {info.get('JobState')}, not RUNNING")
-    return job_nodes({"nodes": info.get("NodeList", "")}), int(info.get("Restarts", "0"))
+    return expand_nodes(info.get("NodeList", "")), int(info.get("Restarts", "0"))
 
 
 # ---- faults --------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""A real Slurm 22.05 cluster on one machine: munged, slurmctld and one `slurmd -N` per node.
+"""A real Slurm cluster on one machine (22.05 to 26.05, by the lab's stack): munged, slurmctld
+and one `slurmd -N` per node.
 
 Settings follow shared/reference/lab.md (what is known to work here): root everywhere, fake GPU
 gres backed by character devices, short scheduler and timeout intervals so failures show in
@@ -15,7 +16,7 @@ from typing import Any
 
 import hostlist
 
-from lab import processes
+from lab import processes, stacks
 from lab.config import LabConfig
 
 SLURM_TIMEOUT = 20.0
@@ -127,6 +128,13 @@ def write_config(cfg: LabConfig) -> None:
     _write_if_changed(cfg.slurm_conf, render_slurm_conf(cfg))
     _write_if_changed(cfg.etc / "gres.conf", render_gres_conf(cfg))
     _write_if_changed(cfg.etc / "topology.conf", render_topology_conf(cfg))
+    cgroup = cfg.etc / "cgroup.conf"
+    if stacks.get(cfg.stack).cgroup_disabled:
+        # slurmd 24.11+ cannot initialise a cgroup plugin inside the stack's root; 22.05
+        # rejects `disabled`, and runs without the file.
+        _write_if_changed(cgroup, "CgroupPlugin=disabled\n")
+    else:
+        cgroup.unlink(missing_ok=True)
 
 
 def _write_if_changed(path: Path, text: str) -> None:
@@ -174,8 +182,9 @@ def start_slurmd(cfg: LabConfig, node: str) -> None:
 
 
 def start_cluster(cfg: LabConfig) -> None:
+    path = cfg.env()["PATH"]
     for tool in ("munged", "slurmctld", "slurmd", "sinfo"):
-        if shutil.which(tool) is None:
+        if shutil.which(tool, path=path) is None:
             raise LabError(f"{tool} is not installed: run ./scripts/setup.sh first")
     write_config(cfg)
     start_munge(cfg)

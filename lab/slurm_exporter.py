@@ -1,8 +1,8 @@
 """A Slurm exporter for the lab, serving the metric names of SckyzO/slurm_exporter.
 
 No Slurm exporter is packaged for Debian, so the lab serves the subset of that exporter's
-metrics slurmedic's rules use, computed from the real lab cluster (`sinfo --json`,
-`squeue --json`). Names and labels follow its docs/metrics.md: per-node status with the
+metrics slurmedic's rules use, computed from the real lab cluster (through slurmedic's Slurm
+adapter, on every release). Names and labels follow its docs/metrics.md: per-node status with the
 partition, node counts per state and partition, drain reasons, GPU gres, jobs per state.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
@@ -19,6 +18,7 @@ from prometheus_client.registry import Collector
 from lab.config import LabConfig
 from lab.serve import serve_forever
 from lab.slurm_view import SlurmView
+from webhook.adapters.slurm import SlurmNode
 
 NODE_STATES = (
     "alloc",
@@ -50,28 +50,9 @@ JOB_STATES = (
 )
 
 
-def state_long(node: dict[str, Any]) -> str:
-    """sinfo's StateLong (`%T`) from the JSON fields: idle, allocated, drained, down*, ..."""
-    base = str(node.get("state", "unknown")).lower()
-    flags = set(node.get("state_flags") or [])
-    if "DRAIN" in flags:
-        base = (
-            "draining"
-            if base in ("allocated", "mixed")
-            else "down"
-            if base == "down"
-            else "drained"
-        )
-    elif "COMPLETING" in flags:
-        base = "completing"
-    elif "MAINTENANCE" in flags:
-        base = "maint"
-    return base + ("*" if "NOT_RESPONDING" in flags else "")
-
-
-def state_bucket(node: dict[str, Any]) -> str:
+def state_bucket(node: SlurmNode) -> str:
     """The slurm_nodes_<state> counter a node counts in (drain wins, as in the exporter)."""
-    long = state_long(node).rstrip("*")
+    long = node.state_long.rstrip("*")
     return {
         "allocated": "alloc",
         "mixed": "mix",
@@ -133,18 +114,17 @@ class SlurmCollector(Collector):
         counts: Counter[tuple[str, str]] = Counter()
         partitions: set[str] = set()
         for n in nodes:
-            st = state_long(n)
-            for p in n.get("partitions") or []:
+            st = n.state_long
+            for p in n.partitions:
                 partitions.add(p)
-                status.add_metric([n["name"], st, p], 1)
-                g_total.add_metric([n["name"], st, p, "gpu"], gres_count(n.get("gres", "")))
-                g_used.add_metric([n["name"], st, p, "gpu"], gres_count(n.get("gres_used", "")))
+                status.add_metric([n.name, st, p], 1)
+                g_total.add_metric([n.name, st, p, "gpu"], gres_count(n.gres))
+                g_used.add_metric([n.name, st, p, "gpu"], gres_count(n.gres_used))
                 counts[(p, state_bucket(n))] += 1
-            flags = set(n.get("state_flags") or [])
-            if n.get("reason") and ("DRAIN" in flags or st.startswith("down")):
-                reason.add_metric([n["name"], n["reason"]], 1)
-                if n.get("reason_changed_at"):
-                    since.add_metric([n["name"]], float(n["reason_changed_at"]))
+            if n.reason and ("DRAIN" in n.flags or st.startswith("down")):
+                reason.add_metric([n.name, n.reason], 1)
+                if n.reason_set_at is not None:
+                    since.add_metric([n.name], n.reason_set_at.timestamp())
         for p in sorted(partitions):
             for s in NODE_STATES:
                 per_state[s].add_metric([p, ""], counts[(p, s)])
@@ -153,7 +133,7 @@ class SlurmCollector(Collector):
         total.add_metric([], len(nodes))
         yield total
 
-        by_state = Counter(str(j.get("job_state", "")).lower() for j in jobs)
+        by_state = Counter(j.state.lower() for j in jobs)
         for s in JOB_STATES:
             g = GaugeMetricFamily(f"slurm_jobs_{s}", f"Total {s} jobs")
             g.add_metric([], by_state[s])

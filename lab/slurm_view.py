@@ -1,26 +1,26 @@
-"""A cached read of the lab cluster's `sinfo --json` and `squeue --json` for the exporters."""
+"""A cached read of the lab cluster for the exporters, through slurmedic's own Slurm adapter
+(so the exporters read every release's JSON as slurmedic does)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import hostlist
 
 from lab.config import LabConfig
-from lab.slurm import LabError, slurm_json
+from webhook.adapters.slurm import SlurmCluster, SlurmError, SlurmJob, SlurmNode, SlurmSnapshot
 
 CACHE_S = 0.5
 
 
 class SlurmView:
     def __init__(self, cfg: LabConfig) -> None:
-        self.cfg = cfg
+        self.cluster = SlurmCluster(cfg.slurm_conf)
+        self.cluster.env = cfg.env()
         self._lock = threading.Lock()
         self._at = 0.0
-        self._nodes: list[dict[str, Any]] = []
-        self._jobs: list[dict[str, Any]] = []
+        self._snap: SlurmSnapshot | None = None
         self.ok = False
 
     def refresh(self) -> None:
@@ -28,30 +28,28 @@ class SlurmView:
             if time.monotonic() - self._at < CACHE_S:
                 return
             try:
-                self._nodes = slurm_json(self.cfg, "sinfo")["nodes"]
-                self._jobs = slurm_json(self.cfg, "squeue")["jobs"]
+                self._snap = self.cluster.snapshot()
                 self.ok = True
-            except (LabError, OSError, ValueError, KeyError):
+            except SlurmError:
                 # slurmctld down: report what is known to fail, keep the last good view.
                 self.ok = False
             self._at = time.monotonic()
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[SlurmNode]:
         self.refresh()
-        return self._nodes
+        return self._snap.nodes if self._snap else []
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self) -> list[SlurmJob]:
         self.refresh()
-        return self._jobs
+        return self._snap.jobs if self._snap else []
 
     def job_on(self, node: str) -> int | None:
         """The running job holding `node` (lab jobs are exclusive), or None."""
         for job in self.jobs():
-            if job.get("job_state") in ("RUNNING", "COMPLETING") and node in job_nodes(job):
-                return int(job["job_id"])
+            if job.state in ("RUNNING", "COMPLETING") and node in job.nodes:
+                return job.id
         return None
 
 
-def job_nodes(job: dict[str, Any]) -> list[str]:
-    nodes = job.get("nodes") or ""
-    return list(hostlist.expand_hostlist(nodes)) if nodes else []
+def expand_nodes(expr: str) -> list[str]:
+    return list(hostlist.expand_hostlist(expr)) if expr and expr != "(null)" else []

@@ -1,14 +1,28 @@
-"""The cluster view from the real Slurm: `sinfo --json`, `squeue --json`, `scontrol show topology`.
+"""The cluster view from the real Slurm, on every release from 22.05 to 26.05.
 
-Slurm 22.05: scontrol has no --json. Every call has a timeout; the caller keeps its last good
-view when Slurm does not answer.
+What each release prints (measured on Debian's packages, see docs/compatibility.md):
+
+- 22.05: `sinfo --json` has a `nodes` list, a node's `state` is a lower-case string with the
+  flags apart in `state_flags`; `squeue --json` gives `job_state` as a string and times as
+  integers; scontrol has no `--json`.
+- 23.02 and later: `scontrol show nodes --json` and `scontrol show jobs --json` (sinfo's JSON
+  became grouped records, `sinfo`); `state` and `job_state` are lists of names (base state and
+  flags), times and counts are `{"set", "infinite", "number"}` objects.
+
+The release is read from `scontrol --version` and picks the commands; each field is then read
+by its shape, so a release in between (or a field that changes shape) still reads. Output that
+cannot be read is one `SlurmError` naming the command and the release; the caller (the loop)
+keeps its last good view.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,10 +32,132 @@ import hostlist
 from webhook.core.cluster import ENDED_STATES, NODE_NAME, ClusterView, Job, Node
 
 TIMEOUT_S = 10.0
+# scontrol's --json arrived in 23.02.
+SCONTROL_JSON_SINCE = (23, 2)
+
+# Slurm's node base states (the rest of a state list are flags).
+NODE_BASE_STATES = {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"}
+# The order in which Slurm's job_state_string() names a job's state when flags are set: the
+# first flag present wins, else the base state. squeue's %T and 22.05's JSON print this.
+JOB_FLAG_ORDER = (
+    "COMPLETING",
+    "STAGE_OUT",
+    "CONFIGURING",
+    "EXPEDITING",
+    "RESIZING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "SPECIAL_EXIT",
+    "STOPPED",
+    "REVOKED",
+    "RESV_DEL_HOLD",
+    "SIGNALING",
+)
+JOB_BASE_STATES = {
+    "PENDING",
+    "RUNNING",
+    "SUSPENDED",
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+}
 
 
 class SlurmError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True, order=True)
+class Release:
+    major: int
+    minor: int
+    patch: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> Release:
+        m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+        if m is None:
+            raise SlurmError(f"scontrol --version: no Slurm release in {text.strip()[:80]!r}")
+        return cls(int(m[1]), int(m[2]), int(m[3] or 0))
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor:02d}.{self.patch}"
+
+    @property
+    def scontrol_json(self) -> bool:
+        return (self.major, self.minor) >= SCONTROL_JSON_SINCE
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """A node as Slurm reports it, the same on every release."""
+
+    name: str
+    base: str  # IDLE, ALLOCATED, MIXED, DOWN, ...
+    flags: frozenset[str]  # DRAIN, NOT_RESPONDING, COMPLETING, ...
+    partitions: tuple[str, ...] = ()
+    reason: str = ""
+    reason_set_at: datetime | None = None
+    gres: str = ""
+    gres_used: str = ""
+
+    @property
+    def state(self) -> str:
+        """slurmedic's one word for it: the base state lower case, `drain` when draining."""
+        return "drain" if "DRAIN" in self.flags else self.base.lower()
+
+    @property
+    def state_long(self) -> str:
+        """sinfo's StateLong (`%T`): idle, allocated, draining, drained, down*, ..."""
+        base = self.base.lower()
+        if "DRAIN" in self.flags:
+            base = (
+                "draining"
+                if base in ("allocated", "mixed")
+                else "down"
+                if base == "down"
+                else "drained"
+            )
+        elif "COMPLETING" in self.flags:
+            base = "completing"
+        elif "MAINTENANCE" in self.flags:
+            base = "maint"
+        return base + ("*" if "NOT_RESPONDING" in self.flags else "")
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    id: int
+    name: str
+    user: str
+    partition: str
+    state: str  # as Slurm spells it: RUNNING, PENDING, REQUEUE_HOLD, NODE_FAIL, ...
+    nodes: tuple[str, ...]
+    restarts: int
+    requeue: bool
+    comment: str
+    started: datetime | None
+    ended: datetime | None
+
+
+@dataclass
+class SlurmSnapshot:
+    """One read of the cluster: release, nodes, jobs, leaf switches."""
+
+    release: Release
+    nodes: list[SlurmNode] = field(default_factory=list)
+    jobs: list[SlurmJob] = field(default_factory=list)
+    switches: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def view(self) -> ClusterView:
+        return build_view(self)
 
 
 class SlurmCluster:
@@ -29,6 +165,7 @@ class SlurmCluster:
         self.env = dict(os.environ)
         if slurm_conf is not None:
             self.env["SLURM_CONF"] = str(slurm_conf)
+        self._release: Release | None = None
 
     def _run(self, *argv: str) -> str:
         try:
@@ -46,68 +183,237 @@ class SlurmCluster:
             raise SlurmError(f"{' '.join(argv)}: {out.stderr.strip()[:200]}")
         return out.stdout
 
+    def release(self) -> Release:
+        if self._release is None:
+            self._release = Release.parse(self._run("scontrol", "--version"))
+        return self._release
+
+    def _json(self, release: Release, *argv: str) -> dict[str, Any]:
+        text = self._run(*argv)
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise SlurmError(f"`{' '.join(argv)}` of Slurm {release}: not JSON ({e})") from e
+        if not isinstance(data, dict):
+            raise SlurmError(f"`{' '.join(argv)}` of Slurm {release}: not a JSON object")
+        errors = [e for e in data.get("errors") or [] if isinstance(e, dict)]
+        if errors:
+            what = errors[0].get("description") or errors[0].get("error") or errors[0]
+            raise SlurmError(f"`{' '.join(argv)}` of Slurm {release}: {what}")
+        return data
+
+    def snapshot(self) -> SlurmSnapshot:
+        release = self.release()
+        node_cmd: tuple[str, ...]
+        job_cmd: tuple[str, ...]
+        if release.scontrol_json:
+            node_cmd = ("scontrol", "show", "nodes", "--json")
+            job_cmd = ("scontrol", "show", "jobs", "--json")
+        else:
+            node_cmd = ("sinfo", "--json")
+            # Ended jobs too (while slurmctld remembers them): an alert may arrive after
+            # Slurm already ended the job it concerns.
+            job_cmd = ("squeue", "--json", "--states=all")
+        try:
+            nodes = read_nodes(self._json(release, *node_cmd), release, node_cmd)
+            jobs = read_jobs(self._json(release, *job_cmd), release, job_cmd)
+        except SlurmError:
+            self._release = None  # upgraded in place? read the release again next time
+            raise
+        switches = parse_topology(self._run("scontrol", "show", "topology"))
+        return SlurmSnapshot(release, nodes, jobs, switches)
+
     def view(self) -> ClusterView:
-        nodes = json.loads(self._run("sinfo", "--json"))["nodes"]
-        # Ended jobs too (while slurmctld remembers them): an alert may arrive after Slurm
-        # already ended the job it concerns.
-        jobs = json.loads(self._run("squeue", "--json", "--states=all"))["jobs"]
-        topology = self._run("scontrol", "show", "topology")
-        return build_view(nodes, jobs, topology)
+        return self.snapshot().view()
 
 
-def _expand(expr: str) -> tuple[str, ...]:
-    return tuple(hostlist.expand_hostlist(expr)) if expr else ()
+# ---- reading by shape ------------------------------------------------------------------------
+
+
+def number(raw: Any) -> int | None:
+    """An integer field: a plain number (22.05) or `{"set", "infinite", "number"}` (23.02+)."""
+    if isinstance(raw, Mapping):
+        if not raw.get("set", True) or raw.get("infinite", False):
+            return None
+        raw = raw.get("number")
+    if isinstance(raw, bool) or raw is None:
+        return None
+    if isinstance(raw, int | float):
+        return int(raw)
+    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+        return int(raw)
+    raise ValueError(f"not a number: {raw!r}")
+
+
+def timestamp(raw: Any) -> datetime | None:
+    value = number(raw)
+    return datetime.fromtimestamp(value, UTC) if value else None
+
+
+def names(raw: Any) -> list[str]:
+    """A list of names: a JSON list, or one string (a comma-separated list in older output)."""
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return [s for s in raw.split(",") if s]
+    if isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+        return list(raw)
+    raise ValueError(f"not a list of names: {raw!r}")
+
+
+def node_state(raw_state: Any, raw_flags: Any = None) -> tuple[str, frozenset[str]]:
+    """(base, flags) from `"idle"` + `state_flags` (22.05) or `["IDLE", "DRAIN"]` (23.02+)."""
+    parts = [s.upper() for s in names(raw_state)] + [s.upper() for s in names(raw_flags)]
+    base = next((s for s in parts if s in NODE_BASE_STATES), "UNKNOWN")
+    return base, frozenset(s for s in parts if s != base)
+
+
+def job_state(raw: Any) -> str:
+    """A job's state as Slurm spells it in squeue (`%T`): the first flag by Slurm's order, else
+    the base state. 22.05 prints that string; 23.02+ a list of base state and flags."""
+    parts = [s.upper() for s in names(raw)]
+    if len(parts) == 1:
+        return parts[0]
+    for flag in JOB_FLAG_ORDER:
+        if flag in parts:
+            return flag
+    base = next((s for s in parts if s in JOB_BASE_STATES), None)
+    if base is None:
+        raise ValueError(f"no job state in {raw!r}")
+    return base
+
+
+def _text(raw: Any) -> str:
+    if raw is None:
+        return ""
+    if isinstance(raw, str | int | float):
+        return str(raw)
+    raise ValueError(f"not text: {raw!r}")
+
+
+def _records(
+    data: Mapping[str, Any], key: str, release: Release, cmd: tuple[str, ...]
+) -> list[Mapping[str, Any]]:
+    rows = data.get(key)
+    if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
+        keys = ", ".join(sorted(data)) or "nothing"
+        raise SlurmError(
+            f"`{' '.join(cmd)}` of Slurm {release}: no {key!r} list (it has {keys}); "
+            "slurmedic cannot read this release's output"
+        )
+    return rows
+
+
+def read_nodes(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -> list[SlurmNode]:
+    out = []
+    for n in _records(data, "nodes", release, cmd):
+        try:
+            base, flags = node_state(n.get("state"), n.get("state_flags"))
+            out.append(
+                SlurmNode(
+                    name=_text(n.get("name")),
+                    base=base,
+                    flags=flags,
+                    partitions=tuple(names(n.get("partitions"))),
+                    reason=_text(n.get("reason")),
+                    reason_set_at=timestamp(n.get("reason_changed_at")),
+                    gres=_text(n.get("gres")),
+                    gres_used=_text(n.get("gres_used")),
+                )
+            )
+        except ValueError as e:
+            raise SlurmError(
+                f"`{' '.join(cmd)}` of Slurm {release}: node {n.get('name')!r}: {e}"
+            ) from e
+    return out
+
+
+def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -> list[SlurmJob]:
+    out = []
+    for j in _records(data, "jobs", release, cmd):
+        try:
+            job_id = number(j.get("job_id"))
+            if job_id is None:
+                raise ValueError("no job_id")
+            state = job_state(j.get("job_state"))
+            # end_time of a running job is its time limit; only an ended job's is when it ended.
+            ended = timestamp(j.get("end_time")) if state in ENDED_STATES else None
+            requeue = j.get("requeue", True)
+            out.append(
+                SlurmJob(
+                    id=job_id,
+                    name=_text(j.get("name")),
+                    user=_text(j.get("user_name")),
+                    partition=_text(j.get("partition")),
+                    state=state,
+                    nodes=expand(_text(j.get("nodes"))),
+                    restarts=number(j.get("restart_cnt")) or 0,
+                    requeue=requeue if isinstance(requeue, bool) else bool(number(requeue)),
+                    comment=_text(j.get("comment")),
+                    started=timestamp(j.get("start_time")),
+                    ended=ended,
+                )
+            )
+        except ValueError as e:
+            raise SlurmError(
+                f"`{' '.join(cmd)}` of Slurm {release}: job {j.get('job_id')!r}: {e}"
+            ) from e
+    return out
+
+
+def expand(expr: str) -> tuple[str, ...]:
+    if not expr or expr in ("(null)", "None assigned"):
+        return ()
+    return tuple(hostlist.expand_hostlist(expr))
 
 
 def parse_topology(text: str) -> dict[str, tuple[str, ...]]:
-    """Leaf switches (those with Nodes=) of `scontrol show topology`."""
+    """Leaf switches of `scontrol show topology`, on every release: those with nodes and no
+    switches below them (24.11 and later list an upper switch's nodes too)."""
     switches = {}
     for line in text.splitlines():
         fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
-        if "SwitchName" in fields and fields.get("Nodes"):
-            switches[fields["SwitchName"]] = _expand(fields["Nodes"])
+        leaf = not fields.get("Switches") and fields.get("Level", "0") == "0"
+        if "SwitchName" in fields and fields.get("Nodes") and leaf:
+            switches[fields["SwitchName"]] = expand(fields["Nodes"])
     return switches
 
 
-def build_view(
-    nodes: list[dict[str, Any]], jobs: list[dict[str, Any]], topology: str
-) -> ClusterView:
-    switches = parse_topology(topology)
-    switch_of = {n: s for s, members in switches.items() for n in members}
-    view = ClusterView(switches=switches)
-    for n in nodes:
-        name = str(n.get("name", ""))
-        if not NODE_NAME.match(name):
+def build_view(snap: SlurmSnapshot) -> ClusterView:
+    switch_of = {n: s for s, members in snap.switches.items() for n in members}
+    view = ClusterView(switches=dict(snap.switches))
+    for n in snap.nodes:
+        if not NODE_NAME.match(n.name):
             continue
-        flags = n.get("state_flags") or []
-        state = "drain" if "DRAIN" in flags else str(n.get("state", "")).lower()
-        parts = n.get("partitions") or [""]
-        view.nodes[name] = Node(
-            name,
+        parts = n.partitions or ("",)
+        view.nodes[n.name] = Node(
+            n.name,
             parts[0],
-            state,
-            str(n.get("reason", "")),
-            switch_of.get(name),
+            n.state,
+            n.reason,
+            switch_of.get(n.name),
             other_partitions=tuple(parts[1:]),
         )
-    for j in jobs:
-        started = j.get("start_time") or 0
-        state = str(j.get("job_state", ""))
-        # end_time of a running job is its time limit; only an ended job's is when it ended.
-        ended = j.get("end_time") or 0 if state in ENDED_STATES else 0
+    for j in snap.jobs:
         view.set_job(
             Job(
-                id=int(j["job_id"]),
-                nodes=_expand(str(j.get("nodes") or "")),
-                partition=str(j.get("partition", "")),
-                name=str(j.get("name", "")),
-                user=str(j.get("user_name", "")),
-                state=state,
-                requeue=bool(j.get("requeue", True)),
-                restarts=int(j.get("restart_cnt", 0)),
-                comment=str(j.get("comment", "")),
-                started=datetime.fromtimestamp(started, UTC) if started else None,
-                ended=datetime.fromtimestamp(ended, UTC) if ended else None,
+                id=j.id,
+                nodes=j.nodes,
+                partition=j.partition,
+                name=j.name,
+                user=j.user,
+                state=j.state,
+                requeue=j.requeue,
+                restarts=j.restarts,
+                comment=j.comment,
+                started=j.started,
+                ended=j.ended,
             )
         )
     return view
+
+
+def jobs_on(snap: SlurmSnapshot, states: Iterable[str]) -> dict[str, int]:
+    """Node to the job in one of `states` that holds it (the exporters' job label)."""
+    wanted = set(states)
+    return {n: j.id for j in snap.jobs if j.state in wanted for n in j.nodes}

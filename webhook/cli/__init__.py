@@ -15,6 +15,7 @@ def main() -> None:
 
 def _register() -> None:
     from lab.cli import lab
+    from webhook.cli.cluster import cluster
     from webhook.cli.decisions import decisions
     from webhook.cli.policy import policy
     from webhook.cli.replay import replay
@@ -25,6 +26,7 @@ def _register() -> None:
 
     main.add_command(lab)
     main.add_command(rules)
+    main.add_command(cluster)
     main.add_command(replay)
     main.add_command(policy)
     main.add_command(decisions)

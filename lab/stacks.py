@@ -1,0 +1,316 @@
+"""The software stacks the lab runs: the host's Debian packages, or another Debian release's.
+
+A stack other than the host's is a root filesystem built with `debootstrap --variant=minbase`
+from the Debian archive apt already uses here, once, and cached outside the repo
+(`/var/cache/slurmedic/stacks/NAME`, or `SLURMEDIC_STACK_CACHE`). Its daemons and clients run
+inside it through `bin/` wrappers in the lab's run directory: each wrapper enters a mount
+namespace of its own (so nothing stays mounted when the process ends, and two labs never share
+a mount), bind-mounts /proc, /sys, /dev, /etc/hosts, the repo, the Python slurmedic runs on and
+the run directory at their own paths, and `chroot`s. Job tasks that slurmd starts are inside
+it too, so the training simulator runs on the host's Python there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab.config import REPO_ROOT
+
+STACK_ENV = "SLURMEDIC_LAB_STACK"
+CACHE_ENV = "SLURMEDIC_STACK_CACHE"
+MIRROR_ENV = "SLURMEDIC_DEBIAN_MIRROR"
+DEFAULT_CACHE = Path("/var/cache/slurmedic/stacks")
+
+# What the lab runs from a stack: Slurm, munge and the monitoring stack. The libraries are
+# those the host's Python loads for the simulator's imports (ssl, ctypes, sqlite3, ...): the
+# simulator runs inside the root, on the host's interpreter.
+PACKAGES = (
+    "slurmctld",
+    "slurmd",
+    "slurm-client",
+    "munge",
+    "prometheus",
+    "prometheus-alertmanager",
+    "prometheus-pushgateway",
+    "mtail",
+    "libssl3t64",
+    "libffi8",
+    "libsqlite3-0",
+    "libbz2-1.0",
+    "liblzma5",
+    "zlib1g",
+)
+
+# Commands of a stack that the lab, slurmedic, the playbooks and the tests call by name.
+COMMANDS = {
+    "sbin": ("slurmctld", "slurmd", "munged", "mungekey"),
+    "bin": (
+        "sinfo",
+        "squeue",
+        "scontrol",
+        "sbatch",
+        "srun",
+        "scancel",
+        "sacct",
+        "prometheus",
+        "promtool",
+        "prometheus-alertmanager",
+        "amtool",
+        "prometheus-pushgateway",
+        "mtail",
+    ),
+}
+
+# The versions each stack is known to carry (Debian's packages when the stack was added):
+# `lab stacks` shows the versions a built root really has.
+VERSIONS_COMPONENTS = ("slurmctld", "prometheus", "prometheus-alertmanager", "mtail")
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    suite: str | None  # None: the host's own packages
+    description: str
+    # slurmd 24.11 and later refuse to start without a cgroup plugin in a chroot; 22.05 rejects
+    # `CgroupPlugin=disabled`.
+    cgroup_disabled: bool
+
+    @property
+    def is_host(self) -> bool:
+        return self.suite is None
+
+    @property
+    def root(self) -> Path:
+        return cache_dir() / self.name
+
+    @property
+    def stamp(self) -> Path:
+        return self.root / ".slurmedic-stack.json"
+
+    def built(self) -> bool:
+        if self.is_host:
+            return True
+        try:
+            data = json.loads(self.stamp.read_text())
+        except (OSError, ValueError):
+            return False
+        return bool(data.get("packages") == list(PACKAGES))
+
+    def versions(self) -> dict[str, str]:
+        """Package versions of the stack (of the host for `bookworm`), as dpkg reports them."""
+        if not self.is_host:
+            try:
+                return dict(json.loads(self.stamp.read_text()).get("versions", {}))
+            except (OSError, ValueError):
+                return {}
+        return _dpkg_versions(None)
+
+
+STACKS: dict[str, Stack] = {
+    s.name: s
+    for s in (
+        Stack("bookworm", None, "Debian 12, the host", False),
+        Stack("trixie", "trixie", "Debian 13", True),
+        Stack("sid", "sid", "Debian unstable", True),
+    )
+}
+# The lab's and the demo's default: Debian's current stable release, with the Slurm (24.11) most
+# sites run and an archive that does not change under a build (sid's does, daily).
+DEFAULT_STACK = "trixie"
+
+
+class StackError(ValueError):
+    """A stack could not be built or used; the message says why."""
+
+
+def get(name: str) -> Stack:
+    try:
+        return STACKS[name]
+    except KeyError:
+        raise StackError(
+            f"stack: {name!r} is not one of {', '.join(STACKS)} (SLURMEDIC_LAB_STACK, --stack)"
+        ) from None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+
+
+def _dpkg_versions(root: Path | None) -> dict[str, str]:
+    argv = ["dpkg-query", "-W", "-f=${Package} ${Version}\\n", *VERSIONS_COMPONENTS]
+    if root is not None:
+        argv[1:1] = [f"--admindir={root}/var/lib/dpkg"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def debian_mirror() -> str:
+    """The Debian archive apt uses on this host (its sources list), unless the env says."""
+    if os.environ.get(MIRROR_ENV):
+        return os.environ[MIRROR_ENV]
+    texts = []
+    for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
+        with contextlib.suppress(OSError):
+            texts.append(path.read_text())
+    for text in texts:
+        # deb822 (.sources): a URIs line in a stanza whose Suites are Debian's own.
+        for stanza in re.split(r"\n\s*\n", text):
+            uris = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
+            suites = re.search(r"^Suites:\s*(.+)$", stanza, re.M)
+            if uris and suites and _debian_suite(suites.group(1).split()):
+                return uris.group(1)
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == "deb":
+                rest = [p for p in parts[1:] if not p.startswith("[")]
+                if len(rest) >= 2 and _debian_suite([rest[1]]):
+                    return rest[0]
+    raise StackError(
+        f"no Debian archive in apt's sources; set {MIRROR_ENV} to the archive to build from"
+    )
+
+
+def _debian_suite(suites: list[str]) -> bool:
+    names = {"bookworm", "trixie", "forky", "sid", "stable", "testing", "unstable"}
+    return any(s in names for s in suites)
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_built(stack: Stack, *, log: Path | None = None) -> float:
+    """Build the stack's root unless it is built; return the seconds the build took (0 if
+    cached). Two builders of the same stack wait for each other."""
+    if stack.is_host or stack.built():
+        return 0.0
+    if shutil.which("debootstrap") is None:
+        raise StackError("debootstrap is not installed: run ./scripts/setup.sh first")
+    t0 = time.monotonic()
+    with _lock(cache_dir() / f"{stack.name}.lock"):
+        if stack.built():
+            return 0.0
+        work = cache_dir() / f"{stack.name}.build"
+        if work.exists():
+            shutil.rmtree(work)
+        argv = [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            str(stack.suite),
+            str(work),
+            debian_mirror(),
+        ]
+        logfile = log or cache_dir() / f"{stack.name}.build.log"
+        with logfile.open("w") as out:
+            proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
+        if proc.returncode != 0:
+            raise StackError(
+                f"debootstrap of {stack.name} ({stack.suite}) failed ({proc.returncode}); "
+                f"see {logfile}"
+            )
+        # The downloaded packages are of no further use; the root stays about 300 MB.
+        for deb in (work / "var/cache/apt/archives").glob("*.deb"):
+            deb.unlink()
+        stamp = {
+            "suite": stack.suite,
+            "packages": list(PACKAGES),
+            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "versions": _dpkg_versions(work),
+        }
+        (work / ".slurmedic-stack.json").write_text(json.dumps(stamp, indent=1) + "\n")
+        if stack.root.exists():
+            shutil.rmtree(stack.root)
+        work.rename(stack.root)
+    return time.monotonic() - t0
+
+
+# ---- running commands of a stack -------------------------------------------------------------
+
+
+def binds(run_dir: Path) -> list[Path]:
+    """Host directories the stack's processes see at their own paths: the repo (the simulator,
+    the mtail programs), the Python slurmedic runs on, and the lab's run directory."""
+    paths = [REPO_ROOT, Path(sys.prefix), Path(sys.base_prefix), run_dir]
+    for p in paths:
+        if p.resolve() in (Path("/"), Path("/usr")):
+            raise StackError(
+                f"{p} cannot be bind-mounted over the stack's own; use a Python outside /usr "
+                "(a venv made from one) for the lab's other stacks"
+            )
+    out: list[Path] = []
+    for p in sorted({p.resolve() for p in paths}, key=lambda p: len(p.parts)):
+        if not any(p.is_relative_to(q) for q in out):
+            out.append(p)
+    return out
+
+
+EXEC_SCRIPT = """#!/bin/sh
+# Written by `slurmedic lab up`: runs a command of the {name} stack inside its root, in a mount
+# namespace of its own (nothing stays mounted when it ends). Already inside: runs it directly.
+if [ -n "${{SLURMEDIC_IN_STACK:-}}" ]; then exec "$@"; fi
+export SLURMEDIC_IN_STACK={name}
+exec unshare --mount --propagation private /bin/sh -c '
+set -e
+R={root}
+mount --rbind /proc "$R/proc"; mount --rbind /sys "$R/sys"; mount --rbind /dev "$R/dev"
+mount --bind /etc/hosts "$R/etc/hosts"
+for p in {binds}; do mount --bind "$p" "$R$p"; done
+exec chroot "$R" /bin/sh -c "cd \\"\\$0\\" 2>/dev/null || cd /; exec \\"\\$@\\"" "$PWD" "$@"
+' stack-exec "$@"
+"""
+
+
+def write_wrappers(stack: Stack, run_dir: Path) -> Path | None:
+    """Write `<run_dir>/bin/` for a stack other than the host's; return it (None for the host)."""
+    bindir = run_dir / "bin"
+    if stack.is_host:
+        if bindir.exists():
+            shutil.rmtree(bindir)
+        return None
+    if not stack.built():
+        raise StackError(f"the {stack.name} stack is not built: `slurmedic lab build {stack.name}`")
+    mounts = binds(run_dir)
+    for p in mounts:
+        (stack.root / p.relative_to("/")).mkdir(parents=True, exist_ok=True)
+    (stack.root / "etc" / "hosts").touch()
+    bindir.mkdir(parents=True, exist_ok=True)
+    script = EXEC_SCRIPT.format(
+        name=stack.name,
+        root=shlex.quote(str(stack.root)),
+        binds=" ".join(shlex.quote(str(p)) for p in mounts),
+    )
+    _write_exec(bindir / "stack-exec", script)
+    for where, names in COMMANDS.items():
+        for name in names:
+            target = f"/usr/{where}/{name}"
+            body = f'#!/bin/sh\nexec {shlex.quote(str(bindir / "stack-exec"))} {target} "$@"\n'
+            _write_exec(bindir / name, body)
+    return bindir
+
+
+def _write_exec(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.rename(path)
