@@ -22,6 +22,12 @@ DEFAULT_PORT_BASE = 17000
 MARKER_ENV = "SLURMEDIC_LAB_DIR"
 
 
+def _default_stack() -> str:
+    from lab.stacks import DEFAULT_STACK, STACK_ENV
+
+    return os.environ.get(STACK_ENV) or DEFAULT_STACK
+
+
 @dataclass(frozen=True)
 class Partition:
     name: str
@@ -52,7 +58,8 @@ class LabConfig:
     dcgm_host_label: str = "Hostname"
     scrape_interval: str = "1s"
     # Which Debian release's Slurm and monitoring stack the lab runs (lab/stacks.py).
-    stack: str = "bookworm"  # tests and benches name theirs; the CLI's default: lab/stacks.py
+    # SLURMEDIC_LAB_STACK, else lab/stacks.py's default (tests and benches follow the env too).
+    stack: str = field(default_factory=lambda: _default_stack())
     python: str = field(default_factory=lambda: sys.executable)
 
     def __post_init__(self) -> None:
@@ -82,12 +89,12 @@ class LabConfig:
             raise ValueError(
                 f"SLURMEDIC_LAB_DCGM_HOST_LABEL must be Hostname or hostname, not {host_label!r}"
             )
-        from lab.stacks import DEFAULT_STACK, STACK_ENV
+        from lab.stacks import STACK_ENV
 
         # The stack named, else the one this run directory's lab was brought up with.
         recorded = Path(rd) / "etc" / "stack"
         stack = os.environ.get(STACK_ENV) or (
-            recorded.read_text().strip() if recorded.is_file() else DEFAULT_STACK
+            recorded.read_text().strip() if recorded.is_file() else _default_stack()
         )
         return cls(
             run_dir=Path(rd).resolve(), port_base=base, dcgm_host_label=host_label, stack=stack

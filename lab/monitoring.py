@@ -94,7 +94,12 @@ def slurmedic_config(cfg: LabConfig) -> dict[str, Any]:
         "database_url": f"sqlite:///{cfg.run_dir / 'slurmedic' / 'ledger.db'}",
         "auth": {"bearer_token_file": str(cfg.webhook_token_file)},
         "policy_file": str(cfg.etc / "policy.yml"),
-        "cluster": {"slurm_conf": str(cfg.slurm_conf), "refresh_seconds": 1},
+        "cluster": {
+            "slurm_conf": str(cfg.slurm_conf),
+            # The stack's commands, for a stack other than the host's (lab/stacks.py).
+            **({"slurm_bin": str(cfg.bindir)} if cfg.bindir.is_dir() else {}),
+            "refresh_seconds": 1,
+        },
         "tick_seconds": 0.5,
         "workers": 2,
         "verification": {"prometheus_url": cfg.url(cfg.prometheus_port), "interval_seconds": 1},

@@ -16,8 +16,7 @@ CACHE_S = 0.5
 
 class SlurmView:
     def __init__(self, cfg: LabConfig) -> None:
-        self.cluster = SlurmCluster(cfg.slurm_conf)
-        self.cluster.env = cfg.env()
+        self.cluster = SlurmCluster(env=cfg.env())
         self._lock = threading.Lock()
         self._at = 0.0
         self._snap: SlurmSnapshot | None = None

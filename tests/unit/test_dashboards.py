@@ -20,6 +20,7 @@ import yaml
 
 from lab import dcgm_exporter
 from lab.slurm_exporter import SlurmCollector
+from webhook.adapters.slurm import SlurmJob, SlurmNode
 from webhook.progress import ProgressReporter
 from webhook.rules.dashboards import (
     DASHBOARDS_DIR,
@@ -73,10 +74,10 @@ def _rule_files() -> list[dict[str, Any]]:
 class _NoCluster:
     ok = True
 
-    def nodes(self) -> list[dict[str, Any]]:
-        return [{"name": "gpu01", "partitions": ["train"], "state": "idle", "gres": "gpu:8"}]
+    def nodes(self) -> list[SlurmNode]:
+        return [SlurmNode("gpu01", "IDLE", frozenset(), ("train",), gres="gpu:8")]
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self) -> list[SlurmJob]:
         return []
 
 

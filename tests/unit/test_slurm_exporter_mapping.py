@@ -1,8 +1,10 @@
-"""sinfo --json fields map to the StateLong strings and state buckets SckyzO's exporter uses."""
+"""Node states of every release's JSON map to the StateLong strings and state buckets SckyzO's
+exporter uses: 22.05 (`"state": "idle"`, `"state_flags": [...]`) and 23.02+ (`["IDLE", ...]`)."""
 
 import pytest
 
-from lab.slurm_exporter import gres_count, state_bucket, state_long
+from lab.slurm_exporter import gres_count, state_bucket
+from webhook.adapters.slurm import Release, read_nodes
 
 
 @pytest.mark.parametrize(
@@ -21,9 +23,12 @@ from lab.slurm_exporter import gres_count, state_bucket, state_long
     ],
 )
 def test_state_long_and_bucket(state: str, flags: list[str], long: str, bucket: str) -> None:
-    node = {"state": state, "state_flags": flags}
-    assert state_long(node) == long
-    assert state_bucket(node) == bucket
+    old = {"name": "n1", "state": state, "state_flags": flags}
+    new = {"name": "n1", "state": [state.upper(), *flags]}
+    for raw, release in ((old, Release(22, 5, 8)), (new, Release(24, 11, 5))):
+        (node,) = read_nodes({"nodes": [raw]}, release, ("scontrol",))
+        assert node.state_long == long
+        assert state_bucket(node) == bucket
 
 
 @pytest.mark.parametrize(

@@ -161,8 +161,11 @@ class SlurmSnapshot:
 
 
 class SlurmCluster:
-    def __init__(self, slurm_conf: Path | None = None) -> None:
-        self.env = dict(os.environ)
+    def __init__(
+        self, slurm_conf: Path | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        """`env`: what the commands need on top of this process's (SLURM_CONF, PATH)."""
+        self.env = {**os.environ, **(env or {})}
         if slurm_conf is not None:
             self.env["SLURM_CONF"] = str(slurm_conf)
         self._release: Release | None = None

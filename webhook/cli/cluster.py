@@ -1,6 +1,7 @@
 """`slurmedic cluster show [--json]`: the cluster as slurmedic sees it ("why did it not act?").
 
-It reads Slurm through the same adapter and the same config (`cluster.slurm_conf`) as `serve`.
+It reads Slurm through the same adapter and the same config (`cluster.slurm_conf`,
+`cluster.slurm_bin`) as `serve`.
 The JSON form is a public interface (docs/operations.md, The cluster view): keep it stable.
 """
 
@@ -69,7 +70,7 @@ def show(config_path: Path | None, as_json_flag: bool) -> None:
     """Nodes (state, partitions, drain reason, leaf switch) and jobs (state, nodes, restarts)."""
     try:
         config = load_config(config_path)
-        snap = SlurmCluster(config.cluster.slurm_conf).snapshot()
+        snap = SlurmCluster(env=config.cluster.slurm_env()).snapshot()
     except (ConfigError, SlurmError) as e:
         raise click.ClickException(str(e)) from e
     view = snap.view()

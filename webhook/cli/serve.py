@@ -77,14 +77,14 @@ def run_loop(config: ServiceConfig, policy: Policy) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    cluster = SlurmCluster(config.cluster.slurm_conf)
+    cluster = SlurmCluster(env=config.cluster.slurm_env())
     ledger = Ledger(config.database_url)
     dispatcher = None
     if config.executor.enabled:
         from webhook.executor.dispatch import Dispatcher
         from webhook.executor.runner import INVENTORY
 
-        env = {"SLURM_CONF": str(config.cluster.slurm_conf)} if config.cluster.slurm_conf else {}
+        env = config.cluster.slurm_env()
         dispatcher = Dispatcher(
             ledger,
             slurm_env=env,

@@ -58,7 +58,7 @@ def resume(config_path: Path | None, nodes: tuple[str, ...]) -> None:
     """Return repaired NODES to service (only nodes slurmedic drained)."""
     config = load_config(config_path)
     ledger = ledger_of(config_path)
-    env = {"SLURM_CONF": str(config.cluster.slurm_conf)} if config.cluster.slurm_conf else {}
+    env = config.cluster.slurm_env()
     now = datetime.now(UTC)
     try:
         result = run_playbook(

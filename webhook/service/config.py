@@ -55,7 +55,19 @@ class Auth(_Strict):
 class Cluster(_Strict):
     # Slurm's config for the client commands (squeue/sinfo/scontrol); empty = the default.
     slurm_conf: Path | None = None
+    # Where the Slurm commands are when not on PATH (e.g. /opt/slurm/bin); the playbooks that
+    # run on this host get it first on their PATH too.
+    slurm_bin: Path | None = None
     refresh_seconds: float = Field(default=5.0, gt=0)
+
+    def slurm_env(self) -> dict[str, str]:
+        """What the Slurm commands need in their environment (the adapter's, the playbooks')."""
+        env = {}
+        if self.slurm_conf is not None:
+            env["SLURM_CONF"] = str(self.slurm_conf)
+        if self.slurm_bin is not None:
+            env["PATH"] = f"{self.slurm_bin}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+        return env
 
 
 class Executor(_Strict):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from webhook.adapters.slurm import SlurmError
 from webhook.core.alerts import wrap
 from webhook.core.cluster import ClusterView, eligible
 from webhook.core.decisions import Decision
@@ -76,6 +77,9 @@ class LiveLoop:
     def _view(self) -> ClusterView | None:
         try:
             view = self.view_source()
+        except SlurmError as e:  # Slurm unreachable, or output of a release it cannot read
+            log.error("cluster view refresh failed: %s; keeping the last one", e)
+            return None
         except Exception:  # the adapter's failure must not stop the loop: keep the last view
             log.exception("cluster view refresh failed; keeping the last one")
             return None

@@ -1,0 +1,200 @@
+"""The Slurm adapter reads what each release really prints (captured from the lab's stacks by
+tests/data/slurm/capture.py): 22.05's sinfo/squeue JSON, 24.11's and 26.05's scontrol JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from webhook.adapters.slurm import (
+    Release,
+    SlurmCluster,
+    SlurmError,
+    job_state,
+    node_state,
+    number,
+    parse_topology,
+    read_jobs,
+    read_nodes,
+)
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "slurm"
+RELEASES = sorted(p.name for p in DATA.iterdir() if p.is_dir())
+
+
+def test_every_supported_release_is_captured() -> None:
+    assert [r.split(".")[0] for r in RELEASES] == ["22", "24", "26"]
+
+
+def fake_slurm(tmp_path: Path, release: str) -> dict[str, str]:
+    """Slurm's commands answering with what `release` printed (the adapter picks which)."""
+    src = DATA / release
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    answers = {
+        "sinfo --json": "sinfo.json",
+        "squeue --json --states=all": "squeue.json",
+        "scontrol --version": "version.txt",
+        "scontrol show topology": "topology.txt",
+        "scontrol show nodes --json": "nodes.json",
+        "scontrol show jobs --json": "jobs.json",
+    }
+    log = tmp_path / "calls.log"
+    for cmd in ("sinfo", "squeue", "scontrol"):
+        cases = "\n".join(
+            f'  "{argv}") exec cat {src / file} ;;'
+            for argv, file in answers.items()
+            if argv.split()[0] == cmd and (src / file).exists()
+        )
+        script = (
+            f'#!/bin/sh\necho "{cmd} $*" >> {log}\ncase "{cmd} $*" in\n{cases}\n'
+            '  *) echo "unknown: $*" >&2; exit 1 ;;\nesac\n'
+        )
+        (bindir / cmd).write_text(script)
+        (bindir / cmd).chmod(0o755)
+    return {"PATH": f"{bindir}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_view_of_each_release(tmp_path: Path, release: str) -> None:
+    made = json.loads((DATA / release / "made.json").read_text())
+    snap = SlurmCluster(env=fake_slurm(tmp_path, release)).snapshot()
+    assert str(snap.release) == release
+    calls = (tmp_path / "calls.log").read_text()
+    if snap.release.scontrol_json:
+        assert "scontrol show nodes --json" in calls and "sinfo" not in calls
+    else:
+        assert "sinfo --json" in calls and "squeue --json --states=all" in calls
+    view = snap.view()
+
+    assert len(view.nodes) == 8
+    drained, down = view.nodes[made["drained"]], view.nodes[made["down"]]
+    assert (drained.state, drained.reason) == ("drain", "xid 79 on GPU 3")
+    assert down.state == "down"
+    assert view.nodes["gpu07"].partitions == ("debug",)
+    # Leaf switches only: 24.11 and later list the spine's nodes too.
+    assert view.switches == {
+        "leaf1": ("gpu01", "gpu02", "gpu03", "gpu04"),
+        "leaf2": ("gpu05", "gpu06", "gpu07", "gpu08"),
+    }
+    assert drained.switch == "leaf1"
+
+    running = view.jobs[made["running"]]
+    assert running.state == "RUNNING"
+    assert len(running.nodes) == 2 and running.restarts == 0 and running.requeue
+    assert running.options() == {"max_requeues": 2}
+    assert running.started is not None and running.ended is None  # end_time = its time limit
+    assert view.jobs_on(running.nodes[0]) == [running]
+
+    held = view.jobs[made["requeue_held"]]
+    assert (held.state, held.restarts, held.nodes) == ("PENDING", 1, ())
+
+    cancelled = view.jobs[made["cancelled"]]
+    assert cancelled.state == "CANCELLED" and cancelled.partition == "debug"
+    assert cancelled.ended is not None and cancelled.started is not None
+    assert cancelled.ended >= cancelled.started
+
+    pending = view.jobs[made["pending"]]
+    assert (pending.state, pending.restarts, pending.started) == ("PENDING", 0, None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "flags", "base", "rest"),
+    [
+        ("idle", ["DRAIN"], "IDLE", {"DRAIN"}),  # 22.05
+        (["IDLE", "DRAIN"], None, "IDLE", {"DRAIN"}),  # 23.02+
+        (["DOWN", "DRAIN", "NOT_RESPONDING"], None, "DOWN", {"DRAIN", "NOT_RESPONDING"}),
+        (["MIXED", "COMPLETING"], None, "MIXED", {"COMPLETING"}),
+        ([], None, "UNKNOWN", set()),
+    ],
+)
+def test_node_state_shapes(raw: Any, flags: Any, base: str, rest: set[str]) -> None:
+    assert node_state(raw, flags) == (base, frozenset(rest))
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        ("RUNNING", "RUNNING"),
+        (["RUNNING"], "RUNNING"),
+        (["RUNNING", "COMPLETING"], "COMPLETING"),
+        (["PENDING", "REQUEUE_HOLD"], "REQUEUE_HOLD"),
+        (["COMPLETED", "REQUEUED", "COMPLETING"], "COMPLETING"),  # Slurm's own order
+        (["NODE_FAIL"], "NODE_FAIL"),
+    ],
+)
+def test_job_state_as_slurm_spells_it(raw: Any, want: str) -> None:
+    assert job_state(raw) == want
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        (1796109769, 1796109769),
+        ({"set": True, "infinite": False, "number": 1796109769}, 1796109769),
+        ({"set": False, "infinite": False, "number": 0}, None),
+        ({"set": True, "infinite": True, "number": 0}, None),
+        (None, None),
+        ("12", 12),
+    ],
+)
+def test_numbers_of_both_shapes(raw: Any, want: int | None) -> None:
+    assert number(raw) == want
+
+
+def test_grouped_sinfo_is_a_clear_error() -> None:
+    """24.11's `sinfo --json` has no `nodes`: one error naming command and release."""
+    data = json.loads((DATA / "24.11.5" / "sinfo.json").read_text())
+    with pytest.raises(SlurmError) as e:
+        read_nodes(data, Release(24, 11, 5), ("sinfo", "--json"))
+    msg = str(e.value)
+    assert "`sinfo --json` of Slurm 24.11.5" in msg and "'nodes'" in msg and "sinfo" in msg
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"jobs": [{"job_id": 1, "job_state": {"odd": 1}}]},
+        {"jobs": [{"job_state": ["RUNNING"]}]},
+        {"jobs": [{"job_id": 1, "job_state": ["RUNNING"], "start_time": [1]}]},
+        {"jobs": {"1": {}}},
+    ],
+)
+def test_unreadable_jobs_name_command_and_release(bad: dict[str, Any]) -> None:
+    with pytest.raises(SlurmError, match=r"`scontrol show jobs --json` of Slurm 26\.05\.5"):
+        read_jobs(bad, Release(26, 5, 5), ("scontrol", "show", "jobs", "--json"))
+
+
+def test_errors_slurm_reports_in_its_json(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        '  "--version") echo "slurm 25.05.3" ;;\n'
+        '  *) echo \'{"nodes": [], "errors": [{"description": "Unable to contact slurm '
+        'controller", "error_number": 1}]}\' ;;\nesac\n'
+    )
+    (bindir / "scontrol").chmod(0o755)
+    cluster = SlurmCluster(env={"PATH": f"{bindir}:{os.environ['PATH']}"})
+    with pytest.raises(SlurmError, match=r"of Slurm 25\.05\.3: Unable to contact slurm"):
+        cluster.snapshot()
+
+
+def test_release_parsing() -> None:
+    assert Release.parse("slurm-wlm 24.11.5\n") == Release(24, 11, 5)
+    assert Release.parse("slurm 22.05.8") < Release(23, 2) <= Release.parse("slurm 23.02.0")
+    with pytest.raises(SlurmError, match="no Slurm release"):
+        Release.parse("command not found")
+
+
+def test_topology_leaves() -> None:
+    text = (
+        "SwitchName=s1 Level=0 LinkSpeed=1 Nodes=n[1-2]\n"
+        "SwitchName=top Level=1 LinkSpeed=1 Nodes=n[1-2] Switches=s1\n"
+    )
+    assert parse_topology(text) == {"s1": ("n1", "n2")}
