@@ -5,7 +5,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
+import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -84,12 +88,15 @@ def up(cfg: LabConfig, stack: str | None) -> None:
 @lab_errors
 def build(names: tuple[str, ...]) -> None:
     """Build the roots of the named stacks (all by default) unless they are built."""
-    for name in names or tuple(stacks.STACKS):
-        stack = stacks.get(name)
-        seconds = stacks.ensure_built(stack)
+    wanted = [stacks.get(n) for n in names or tuple(stacks.STACKS)]
+    # debootstrap waits on the network most of the time: build the roots side by side.
+    with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+        futures = {s.name: pool.submit(stacks.ensure_built, s) for s in wanted}
+    for stack in wanted:
+        seconds = futures[stack.name].result()
         where = "host packages" if stack.is_host else str(stack.root)
         state = f"built in {seconds:.0f}s" if seconds else "ready"
-        console.print(f"{name}: {state} ({where})")
+        console.print(f"{stack.name}: {state} ({where})")
 
 
 @lab.command("stacks")
@@ -309,3 +316,24 @@ def query(cfg: LabConfig, promql: str) -> None:
     """Ask the lab's Prometheus (instant query) and print the result as JSON lines."""
     for sample in api.query(cfg, promql):
         click.echo(json.dumps(sample))
+
+
+@lab.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("stack_name", metavar="STACK", type=click.Choice(list(stacks.STACKS)))
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@lab_errors
+def exec_cmd(stack_name: str, argv: tuple[str, ...]) -> None:
+    """Run one of a stack's commands (promtool, amtool, mtail, sinfo, ...) here, e.g.
+    `slurmedic lab exec sid promtool test rules alert_rules/tests/*.test.yml`."""
+    stack = stacks.get(stack_name)
+    if stack.is_host:
+        os.execvp(argv[0], list(argv))  # noqa: S606 - the operator's own command line
+    stacks.ensure_built(stack)
+    # A run directory of its own (the wrappers bind it): the command sees the repo and the
+    # temporary directory (a test's files), not a lab.
+    tmp = Path(tempfile.gettempdir())
+    bindir = stacks.write_wrappers(stack, stacks.cache_dir() / f"{stack.name}.exec", (tmp,))
+    assert bindir is not None
+    if not (bindir / argv[0]).exists():
+        raise click.ClickException(f"{argv[0]} is not one of the {stack.name} stack's commands")
+    os.execv(bindir / argv[0], list(argv))  # noqa: S606 - the operator's own command line

@@ -210,6 +210,12 @@ class LabConfig:
     def hostname(self) -> str:
         return socket.gethostname()
 
+    def slurm_env(self) -> dict[str, str]:
+        """What a Slurm command needs to reach this lab's cluster (slurmedic's cluster config
+        says the same: `cluster.slurm_conf`, `cluster.slurm_bin`)."""
+        env = self.env()
+        return {k: env[k] for k in ("SLURM_CONF", "PATH")}
+
     def env(self) -> dict[str, str]:
         """The environment for every lab process and every Slurm client call."""
         env = dict(os.environ)

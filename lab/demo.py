@@ -8,7 +8,7 @@ import time
 
 from rich.console import Console
 
-from lab import api, manage, monitoring
+from lab import api, manage, monitoring, stacks
 from lab.config import LabConfig
 from lab.processes import wait_until
 from lab.slurm import LabError, slurm
@@ -20,8 +20,14 @@ DEMO_XID = 79  # "GPU has fallen off the bus": NVIDIA's catalog says RESTART_BM
 
 def run(cfg: LabConfig, console: Console, *, nodes: int = 4, timeout: float = 60.0) -> None:
     console.rule("1. the lab, and slurmedic in monitor mode")
+    if not stacks.get(cfg.stack).built():
+        console.print(f"building the {cfg.stack} stack (once; about a minute) ...")
     seconds = manage.up(cfg)
-    console.print(f"8-node Slurm cluster and monitoring stack ready in {seconds:.1f}s")
+    release = slurm(cfg, "scontrol", "--version").split()[-1]
+    console.print(
+        f"8-node Slurm {release} cluster and monitoring stack ({cfg.stack} stack) "
+        f"ready in {seconds:.1f}s"
+    )
     manage.clear(cfg)  # a demo starts from healthy GPUs ...
     # ... and free nodes: an earlier demo's job trains until cancelled.
     slurm(cfg, "scancel", "--name=demo-pretrain", check=False)

@@ -247,10 +247,10 @@ def ensure_built(stack: Stack, *, log: Path | None = None) -> float:
 # ---- running commands of a stack -------------------------------------------------------------
 
 
-def binds(run_dir: Path) -> list[Path]:
+def binds(run_dir: Path, extra: tuple[Path, ...] = ()) -> list[Path]:
     """Host directories the stack's processes see at their own paths: the repo (the simulator,
     the mtail programs), the Python slurmedic runs on, and the lab's run directory."""
-    paths = [REPO_ROOT, Path(sys.prefix), Path(sys.base_prefix), run_dir]
+    paths = [REPO_ROOT, Path(sys.prefix), Path(sys.base_prefix), run_dir, *extra]
     for p in paths:
         if p.resolve() in (Path("/"), Path("/usr")):
             raise StackError(
@@ -280,8 +280,9 @@ exec chroot "$R" /bin/sh -c "cd \\"\\$0\\" 2>/dev/null || cd /; exec \\"\\$@\\""
 """
 
 
-def write_wrappers(stack: Stack, run_dir: Path) -> Path | None:
-    """Write `<run_dir>/bin/` for a stack other than the host's; return it (None for the host)."""
+def write_wrappers(stack: Stack, run_dir: Path, extra: tuple[Path, ...] = ()) -> Path | None:
+    """Write `<run_dir>/bin/` for a stack other than the host's; return it (None for the host).
+    `extra`: further host directories its commands see."""
     bindir = run_dir / "bin"
     if stack.is_host:
         if bindir.exists():
@@ -289,7 +290,7 @@ def write_wrappers(stack: Stack, run_dir: Path) -> Path | None:
         return None
     if not stack.built():
         raise StackError(f"the {stack.name} stack is not built: `slurmedic lab build {stack.name}`")
-    mounts = binds(run_dir)
+    mounts = binds(run_dir, extra)
     for p in mounts:
         (stack.root / p.relative_to("/")).mkdir(parents=True, exist_ok=True)
     (stack.root / "etc" / "hosts").touch()

@@ -6,5 +6,5 @@
 # stops it. Running it again starts from healthy GPUs and free nodes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh none   # `lab demo` builds the stack it runs (first time only)
 exec .venv/bin/slurmedic lab demo "$@"

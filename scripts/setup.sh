@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install what slurmedic and its lab need, idempotently: Debian packages (only those missing,
-# without starting their system services) and the project's .venv (reinstalled only when
-# pyproject.toml changed). Run as root on Debian 12.
+# without starting their system services), the project's .venv (reinstalled only when
+# pyproject.toml changed) and the roots of the lab's other stacks (Debian 13 and unstable, built
+# with debootstrap once and cached in /var/cache/slurmedic/stacks). Run as root on Debian 12.
+# Arguments name the stacks to build (default: all of them; `none` for none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager
-          prometheus-pushgateway mtail postgresql python3 python3-venv)
+          prometheus-pushgateway mtail postgresql python3 python3-venv debootstrap)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
@@ -39,5 +41,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e '.[dev]'
   echo "$want" > "$stamp"
+fi
+if [ "${1:-}" != none ]; then
+  .venv/bin/slurmedic lab build "$@"
 fi
 echo "setup: ready"

@@ -165,7 +165,7 @@ def test_a_drain_rides_out_a_controller_that_is_briefly_away(
     )
     dispatcher = Dispatcher(
         ledger,
-        slurm_env={"SLURM_CONF": str(lab_cfg.slurm_conf)},
+        slurm_env=lab_cfg.slurm_env(),
         inventory=lab_cfg.etc / "inventory.yml",
         retries=6,
         backoff=1.0,

@@ -1,5 +1,11 @@
-"""alert_rules/mtail/training.mtail, run by the real mtail (one-shot) over real-format log lines."""
+"""alert_rules/mtail/training.mtail, run by the real mtail (one-shot) over real-format log lines.
 
+The mtail binary is `mtail` on PATH, or the one named by SLURMEDIC_MTAIL (e.g. another release:
+`SLURMEDIC_MTAIL=/path/to/mtail-3.2 pytest tests/unit/test_mtail_program.py`). It must see the
+test's temporary directory: for a binary run in a chroot, pass pytest a --basetemp inside it.
+"""
+
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -8,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 PROGS = Path(__file__).resolve().parents[2] / "alert_rules" / "mtail"
+MTAIL = os.environ.get("SLURMEDIC_MTAIL") or "mtail"
 STAMP = "[rank{r}]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629]"
 
 LINES = {
@@ -42,15 +49,18 @@ HEALTHY = [
 
 
 def run_mtail(
-    tmp_path: Path, files: dict[str, list[str]]
+    tmp_path: Path, files: dict[str, list[str]], end: str = "\n"
 ) -> dict[tuple[str, str, str, str], float]:
     logs = tmp_path / "logs"
     logs.mkdir()
     for name, lines in files.items():
-        (logs / name).write_text("\n".join(lines) + "\n")
+        (logs / name).write_text("\n".join(lines) + end)
     out = subprocess.run(
         [
-            "mtail",
+            MTAIL,
+            # One-shot mtail still serves HTTP: on a port of its own, not :3903 (the lab's mtail).
+            "--port=0",
+            "--address=127.0.0.1",
             f"--progs={PROGS}",
             f"--logs={logs}/*.out",
             "--one_shot",
@@ -94,3 +104,13 @@ def test_healthy_logs_count_nothing(tmp_path: Path) -> None:
 def test_files_not_named_like_job_logs_are_ignored(tmp_path: Path) -> None:
     line = LINES["nccl_timeouts"][0].format(r=0)
     assert run_mtail(tmp_path, {"syslog.out": [line], "slurm-x-gpu01-0.out": [line]}) == {}
+
+
+def test_a_crlf_line_and_an_unterminated_last_line_count(tmp_path: Path) -> None:
+    """rc50, 3.0.9 and 3.2.24 alike: a job killed mid-write leaves its last line unterminated."""
+    cuda, tb = LINES["cuda_errors"][0].format(r=1), LINES["tracebacks"][0].format(r=1)
+    found = run_mtail(tmp_path, {"slurm-9-gpu02-1.out": [cuda + "\r", tb]}, end="")
+    assert {k[0] for k in found if k[0].endswith("_total")} == {
+        "training_log_cuda_errors_total",
+        "training_log_tracebacks_total",
+    }
