@@ -15,7 +15,7 @@ from typing import Any
 import requests
 import yaml
 
-from lab import processes
+from lab import processes, stacks
 from lab.config import REPO_ROOT, LabConfig
 from lab.slurm import LabError
 from webhook.rules.render import RuleSource
@@ -54,8 +54,26 @@ def prometheus_config(cfg: LabConfig) -> dict[str, Any]:
             job("mtail", [cfg.mtail_port]),
             # slurmedic's own /metrics (when `lab serve` runs it on the receiver port).
             job("slurmedic", [cfg.receiver_port]),
+            *slurmctld_jobs(cfg),
         ],
     }
+
+
+SLURMCTLD_METRICS = ("nodes", "jobs", "partitions", "scheduler")
+
+
+def slurmctld_jobs(cfg: LabConfig) -> list[dict[str, Any]]:
+    """Slurm's own metrics (25.11+), one scrape job per endpoint of slurmctld's port."""
+    if not stacks.get(cfg.stack).slurm_metrics:
+        return []
+    return [
+        {
+            "job_name": f"slurmctld-{name}",
+            "metrics_path": f"/metrics/{name}",
+            "static_configs": [{"targets": [f"127.0.0.1:{cfg.slurmctld_port}"]}],
+        }
+        for name in SLURMCTLD_METRICS
+    ]
 
 
 def alertmanager_config(cfg: LabConfig) -> dict[str, Any]:

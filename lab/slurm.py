@@ -93,6 +93,10 @@ def render_slurm_conf(cfg: LabConfig) -> str:
         f"Port=[{first}-{last}] CPUs={cfg.cpus_per_node} RealMemory={cfg.memory_mb} "
         f"Gres=gpu:{cfg.gpus_per_node} State=UNKNOWN",
     ]
+    if stacks.get(cfg.stack).slurm_metrics:
+        # slurmctld's own metrics on its port (/metrics/nodes, /jobs, ...), which the lab's
+        # Prometheus scrapes beside the exporter's.
+        lines.append("MetricsType=metrics/openmetrics")
     for p in cfg.partitions:
         lines.append(
             f"PartitionName={p.name} Nodes={p.nodes} Default={'YES' if p.default else 'NO'} "

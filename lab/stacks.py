@@ -86,6 +86,8 @@ class Stack:
     # slurmd 24.11 and later refuse to start without a cgroup plugin in a chroot; 22.05 rejects
     # `CgroupPlugin=disabled`.
     cgroup_disabled: bool
+    # Slurm 25.11 and later serve OpenMetrics from slurmctld (MetricsType=metrics/openmetrics).
+    slurm_metrics: bool = False
 
     @property
     def is_host(self) -> bool:
@@ -123,7 +125,7 @@ STACKS: dict[str, Stack] = {
     for s in (
         Stack("bookworm", None, "Debian 12, the host", False),
         Stack("trixie", "trixie", "Debian 13", True),
-        Stack("sid", "sid", "Debian unstable", True),
+        Stack("sid", "sid", "Debian unstable", True, slurm_metrics=True),
     )
 }
 # The lab's and the demo's default: Debian's current stable release, with the Slurm (24.11) most

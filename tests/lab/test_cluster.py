@@ -1,10 +1,20 @@
-"""The lab's Slurm cluster: 8 idle nodes, two partitions, two leaf switches, idempotent up."""
+"""The lab's Slurm cluster: 8 idle nodes, two partitions, two leaf switches, idempotent up;
+and slurmedic's view of it (`cluster show`) on the lab's stack."""
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
 
 import pytest
 
 from lab import manage
 from lab.config import LabConfig
 from lab.slurm import node_states, slurm
+from tests.lab.conftest import eventually, running_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -34,3 +44,63 @@ def test_up_again_changes_nothing(lab_cfg: LabConfig) -> None:
     assert all(before.values())
     manage.up(lab_cfg)
     assert {d.name: d.pid for d in manage.status(lab_cfg)} == before
+
+
+def cluster_show(cfg: LabConfig) -> dict[str, Any]:
+    """`slurmedic cluster show --json` as an operator runs it: the lab's slurmedic config, and
+    no Slurm on PATH beyond the host's (the config's cluster.slurm_bin must get it right)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "cluster", "show", "--json",
+         f"--config={cfg.slurmedic_config}"],
+        capture_output=True, text=True, timeout=60, check=True,
+        env={k: v for k, v in os.environ.items() if k != "SLURM_CONF"},
+    )  # fmt: skip
+    data: dict[str, Any] = json.loads(out.stdout)
+    return data
+
+
+def test_cluster_show_is_what_slurm_says(
+    lab_cfg: LabConfig, submit: Callable[..., int], clean_faults: None
+) -> None:
+    """On this stack's Slurm: the release, nodes (state, partitions, drain reason, switch) and
+    jobs (state, expanded nodes, restarts after a requeue, requeue flag, comment, times)."""
+    comment = json.dumps({"slurmedic": {"max_requeues": 1}})
+    job = submit(nodes=2, comment=comment)
+    held = submit(nodes=1, partition="debug", requeue=False)
+    nodes = running_nodes(lab_cfg, job)
+    running_nodes(lab_cfg, held)
+    slurm(lab_cfg, "scontrol", "requeue", str(job))  # restarts 1, and it runs again
+    eventually(lambda: manage.running_job(lab_cfg, job)[1] == 1, timeout=60, what="requeued")
+    nodes = running_nodes(lab_cfg, job)
+    idle = sorted(n for n, s in node_states(lab_cfg).items() if s == "idle")[0]
+    slurm(lab_cfg, "scontrol", "update", f"nodename={idle}", "state=drain", "reason=xid 79 gpu 3")
+    try:
+        view = cluster_show(lab_cfg)
+    finally:
+        slurm(lab_cfg, "scontrol", "update", f"nodename={idle}", "state=resume")
+    release = slurm(lab_cfg, "scontrol", "--version").split()[-1]
+    assert view["slurm_release"] == release
+    by_name = {n["name"]: n for n in view["nodes"]}
+    assert sorted(by_name) == [f"gpu{i:02d}" for i in range(1, 9)]
+    assert by_name[idle] == {
+        "name": idle,
+        "state": "drain",
+        "partitions": [lab_cfg.partition_of(idle)],
+        "reason": "xid 79 gpu 3",
+        "switch": "leaf1" if idle <= "gpu04" else "leaf2",
+    }
+    assert {by_name[n]["state"] for n in nodes} == {"allocated"}
+    jobs = {j["id"]: j for j in view["jobs"]}
+    mine = jobs[job]
+    assert mine["state"] == "RUNNING" and mine["nodes"] == nodes
+    assert (mine["restarts"], mine["requeue"], mine["comment"]) == (1, True, comment)
+    assert mine["partition"] == "train" and mine["user"] == "root" and mine["ended"] is None
+    assert datetime.fromisoformat(mine["started"]).tzinfo is not None
+    assert (jobs[held]["requeue"], jobs[held]["partition"]) == (False, "debug")
+    slurm(lab_cfg, "scancel", str(held))
+    eventually(
+        lambda: {j["id"]: j for j in cluster_show(lab_cfg)["jobs"]}[held]["state"] == "CANCELLED",
+        what="the cancelled job in the view",
+    )
+    ended = {j["id"]: j for j in cluster_show(lab_cfg)["jobs"]}[held]
+    assert ended["state"] == "CANCELLED" and ended["ended"] is not None

@@ -80,6 +80,11 @@ def test_decisions_executions_and_recoveries_from_the_ledger(server: Server) -> 
     ledger.set_setting("breaker", {"open": True}, t0)
     ledger.set_setting("loop", {"at": 1234.5}, t0)
     ledger.set_setting("jobs", {"77": {"partition": "train", "restarts": 1, "eligible": True}}, t0)
+    nodes = {
+        "gpu03": {"status": "down*", "partitions": ["train", "debug"]},
+        "gpu04": {"status": "allocated", "partitions": ["train"]},
+    }
+    ledger.set_setting("nodes", nodes, t0)
     m = scrape(server)
     assert value(m, "slurmedic_decisions_total", action="drain", cause="gpu_hardware",
                  mode="enforce") == 1  # fmt: skip
@@ -107,6 +112,13 @@ def test_decisions_executions_and_recoveries_from_the_ledger(server: Server) -> 
     assert value(m, "slurmedic_loop_last_tick_timestamp_seconds") == 1234.5
     assert value(m, "slurmedic_job_eligible", slurm_job_id="77", partition="train") == 1
     assert value(m, "slurmedic_job_restarts", slurm_job_id="77") == 1
+    # The node states the loop published, one series a partition (slurm_node_status' shape).
+    status = {dict(labels)["partition"]: dict(labels) for name, labels in m
+              if name == "slurmedic_node_status" and dict(labels)["node"] == "gpu03"}  # fmt: skip
+    assert set(status) == {"train", "debug"} and status["debug"]["status"] == "down*"
+    assert (
+        value(m, "slurmedic_node_status", node="gpu04", status="allocated", partition="train") == 1
+    )
 
 
 def test_metrics_need_no_credentials_and_say_their_type(server: Server) -> None:

@@ -396,6 +396,7 @@ def build_view(snap: SlurmSnapshot) -> ClusterView:
             n.reason,
             switch_of.get(n.name),
             other_partitions=tuple(parts[1:]),
+            status=n.state_long,
         )
     for j in snap.jobs:
         view.set_job(

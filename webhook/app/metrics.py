@@ -283,6 +283,17 @@ class LedgerCollector(Collector):
             restarts.add_metric([job], int(info.get("restarts", 0)))
         yield eligible
         yield restarts
+        status = GaugeMetricFamily(
+            "slurmedic_node_status",
+            "Always 1: the node's state as Slurm reports it (sinfo's long state, `*` when it "
+            "does not respond), per partition; the same shape as the Slurm exporter's "
+            "slurm_node_status.",
+            labels=["node", "status", "partition"],
+        )
+        for node, info in sorted((self.ledger.setting("nodes") or {}).items()):
+            for partition in info.get("partitions") or [""]:
+                status.add_metric([node, str(info.get("status", "")), str(partition)], 1)
+        yield status
 
 
 def _registry(ledger: Ledger, ttl: float) -> CollectorRegistry:

@@ -42,6 +42,9 @@ class Node:
     switch: str | None = None
     # Further partitions the node belongs to (Slurm nodes may serve several).
     other_partitions: tuple[str, ...] = ()
+    # sinfo's long state (`allocated*`, `drained`, `down*`, ...), for reporting: the core
+    # decides on `state`.
+    status: str = ""
 
     @property
     def partitions(self) -> tuple[str, ...]:

@@ -45,6 +45,7 @@ class LiveLoop:
         self.verified_at = 0.0
         self.heartbeat_at = 0.0
         self.jobs_published: dict[str, Any] | None = None
+        self.nodes_published: dict[str, Any] | None = None
         self.refresh_seconds = refresh_seconds
         self.last_alert = 0
         self.view_at = 0.0
@@ -162,6 +163,15 @@ class LiveLoop:
         if jobs != self.jobs_published:
             self.ledger.set_setting("jobs", jobs, now)
             self.jobs_published = jobs
+        # Node states as Slurm reports them: the rules' per-node source when a site runs no
+        # Slurm exporter (Slurm's own metrics count node states, per cluster only).
+        nodes = {
+            n.name: {"status": n.status or n.state, "partitions": list(n.partitions)}
+            for n in self.engine.view.nodes.values()
+        }
+        if nodes != self.nodes_published:
+            self.ledger.set_setting("nodes", nodes, now)
+            self.nodes_published = nodes
 
     def _sync_breaker(self) -> None:
         """Pick up a human's reset (`slurmedic breaker reset` writes it to the ledger)."""
