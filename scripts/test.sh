@@ -37,6 +37,7 @@ fi
 # mtail) and the mtail program's tests on the others.
 SLURMEDIC_LAB_STACK="${STACKS[0]}" pytest
 for stack in "${STACKS[@]:1}"; do
-  echo "== pytest: lab tests on the $stack stack"
+  echo "== pytest: lab tests and the mtail program on the $stack stack"
   SLURMEDIC_LAB_STACK="$stack" pytest -m lab
+  SLURMEDIC_LAB_STACK="$stack" pytest tests/unit/test_mtail_program.py
 done

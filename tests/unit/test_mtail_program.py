@@ -1,20 +1,37 @@
 """alert_rules/mtail/training.mtail, run by the real mtail (one-shot) over real-format log lines.
 
-The mtail binary is `mtail` on PATH, or the one named by SLURMEDIC_MTAIL (e.g. another release:
-`SLURMEDIC_MTAIL=/path/to/mtail-3.2 pytest tests/unit/test_mtail_program.py`). It must see the
-test's temporary directory: for a binary run in a chroot, pass pytest a --basetemp inside it.
+The mtail is the one of the lab's stack (SLURMEDIC_LAB_STACK: the host's `mtail`, or the stack's
+through `slurmedic lab exec`, which sees the temporary directory), or the command named by
+SLURMEDIC_MTAIL (e.g. `SLURMEDIC_MTAIL=/path/to/mtail-3.2`).
 """
 
 import os
+import shlex
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from lab import stacks
+from lab.config import LabConfig
+
 PROGS = Path(__file__).resolve().parents[2] / "alert_rules" / "mtail"
-MTAIL = os.environ.get("SLURMEDIC_MTAIL") or "mtail"
+
+
+def _mtail() -> list[str]:
+    if os.environ.get("SLURMEDIC_MTAIL"):
+        return shlex.split(os.environ["SLURMEDIC_MTAIL"])
+    stack = LabConfig(run_dir=Path(tempfile.gettempdir())).stack
+    if stacks.get(stack).is_host:
+        return ["mtail"]
+    return [sys.executable, "-m", "webhook.cli", "lab", "exec", stack, "mtail"]
+
+
+MTAIL = _mtail()
 STAMP = "[rank{r}]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629]"
 
 LINES = {
@@ -57,7 +74,7 @@ def run_mtail(
         (logs / name).write_text("\n".join(lines) + end)
     out = subprocess.run(
         [
-            MTAIL,
+            *MTAIL,
             # One-shot mtail still serves HTTP: on a port of its own, not :3903 (the lab's mtail).
             "--port=0",
             "--address=127.0.0.1",
