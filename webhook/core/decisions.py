@@ -223,6 +223,11 @@ def _requeue(
     base: Decision, attr: Attribution, job: Job, policy: Policy, guards: GuardState, now: datetime
 ) -> list[Decision]:
     opts = job.options()
+    # scancel is someone's decision (a user, an operator, the scheduler's limits): a job's
+    # alerts that outlive its cancellation (its progress stops, its ranks time out) are not a
+    # fault to recover from.
+    if job.state == "CANCELLED":
+        return [_refuse(base, "cancelled", f"job {job.id} was cancelled", attr)]
     if not job.requeue:
         return [_refuse(base, "no_requeue", f"job {job.id} was submitted with --no-requeue", attr)]
     if opts.get("requeue") is False:
