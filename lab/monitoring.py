@@ -176,9 +176,14 @@ def _write_yaml(path: Any, data: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+def rules_profile(cfg: LabConfig) -> str:
+    """The lab's fast timings; on a Slurm that serves its own metrics, the counts from there."""
+    return "lab,slurmctld" if stacks.get(cfg.stack).slurm_metrics else "lab"
+
+
 def write_config(cfg: LabConfig) -> None:
     # The repo's rules with the lab profile's timings (alert_rules/config.yml, profiles.lab).
-    RuleSource().write(cfg.run_dir / "rules", profile="lab")
+    RuleSource().write(cfg.run_dir / "rules", profile=rules_profile(cfg))
     (cfg.run_dir / "pushgateway").mkdir(parents=True, exist_ok=True)
     _write_yaml(cfg.etc / "prometheus.yml", prometheus_config(cfg))
     if not cfg.webhook_token_file.exists():

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lab import api, manage
+from lab import api, manage, monitoring, processes, stacks
 from lab.config import LabConfig
 from tests.lab.conftest import Receiver, eventually, query, running_nodes
 
@@ -158,6 +158,40 @@ def test_killed_node_is_node_down_and_silences_its_gpu_alerts(
 
     eventually(inhibited, what="GPU alert inhibited by SlurmNodeDown")
     assert manage.show_job(lab_cfg, job)["JobState"] in ("PENDING", "RUNNING", "CONFIGURING")
+
+
+def test_a_no_requeue_job_on_a_dead_node_is_jobs_node_fail(
+    lab_cfg: LabConfig, receiver: Receiver, submit: Callable[..., int], clean_faults: None
+) -> None:
+    """A --no-requeue job ends NODE_FAIL when its node dies: SlurmJobsNodeFail, from the source
+    the lab's rules read counts from. Where Slurm serves its own metrics (25.11+) the lab's
+    Slurm exporter is stopped first: the alert can only come from slurmctld's count."""
+    native = stacks.get(lab_cfg.stack).slurm_metrics
+    eventually(
+        lambda: not api.alerts(lab_cfg, alertname="SlurmJobsNodeFail"),
+        timeout=90,
+        what="no earlier SlurmJobsNodeFail",
+    )
+    job = submit(nodes=2, requeue=False)
+    nodes = running_nodes(lab_cfg, job)
+    since = time.time()
+    if native:
+        assert processes.stop(lab_cfg, "slurm-exporter")
+    try:
+        manage.kill_node(lab_cfg, nodes[1])
+        eventually(
+            lambda: manage.show_job(lab_cfg, job)["JobState"] == "NODE_FAIL",
+            timeout=60,
+            what="the job ended NODE_FAIL",
+        )
+        alert = delivered(receiver, "SlurmJobsNodeFail", since, timeout=60)
+        assert alert["labels"]["signal"] == "node_down" and "node" not in alert["labels"]
+        if native:
+            assert query(lab_cfg, 'slurm_jobs_node_failed{job="slurmctld-jobs"} > 0')
+            assert not query(lab_cfg, "slurm_jobs_node_fail")  # no exporter series behind it
+    finally:
+        monitoring.start(lab_cfg)  # the exporter again (the others are left alone)
+        monitoring.wait_ready(lab_cfg)
 
 
 def test_hang_reaches_the_webhook_as_hang_and_nccl_timeouts(

@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import requests
 
-from lab import manage, processes
+from lab import manage, monitoring, processes
 from lab.config import LabConfig
 from lab.faults import JobFault, add_job_fault, control_path
 from lab.slurm import slurm, start_slurmctld
@@ -27,6 +28,7 @@ from tests.lab.test_remediation import (
 from webhook.core.decisions import Decision
 from webhook.executor.dispatch import Dispatcher
 from webhook.ledger.store import Ledger
+from webhook.rules.render import RuleSource
 
 pytestmark = pytest.mark.lab
 __all__ = ["healthy_after"]  # the autouse fixture: each test leaves a healthy cluster
@@ -83,6 +85,50 @@ def test_a_node_that_stops_answering_is_drained_and_the_job_requeued_without_it(
         ),
         what="the node answering again, still drained",
     )
+
+
+@pytest.fixture
+def no_slurm_exporter(lab_cfg: LabConfig) -> Iterator[None]:
+    """The lab as a site without a Slurm exporter: its rules read node states from slurmedic's
+    own /metrics (`slurmedic-nodes` profile), and the exporter is stopped."""
+    rules = lab_cfg.run_dir / "rules"
+    profile = monitoring.rules_profile(lab_cfg)
+    RuleSource().write(rules, profile=f"{profile},slurmedic-nodes")
+    requests.post(f"{lab_cfg.prometheus_url}/-/reload", timeout=10).raise_for_status()
+    assert processes.stop(lab_cfg, "slurm-exporter")
+    try:
+        yield
+    finally:
+        RuleSource().write(rules, profile=profile)
+        requests.post(f"{lab_cfg.prometheus_url}/-/reload", timeout=10).raise_for_status()
+        monitoring.start(lab_cfg)
+        monitoring.wait_ready(lab_cfg)
+
+
+def test_without_a_slurm_exporter_slurmedic_s_node_states_raise_the_node_alert(
+    lab_cfg: LabConfig, enforce: Ledger, no_slurm_exporter: None, submit: Callable[..., int]
+) -> None:
+    """SlurmNodeDown from slurmedic_node_status: the node states slurmedic's cluster view holds,
+    published on its /metrics, are enough for a dead node to be drained and its job requeued."""
+    eventually(
+        lambda: len(query(lab_cfg, 'slurmedic_node_status{job="slurmedic"}')) >= 8,
+        what="slurmedic's node states in Prometheus",
+    )
+    assert not query(lab_cfg, "slurm_node_status")  # the exporter's series are gone
+    job = submit(nodes=3)
+    nodes = running_nodes(lab_cfg, job)
+    mapped(lab_cfg, job)
+    bad = nodes[1]
+    manage.kill_node(lab_cfg, bad)
+    rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
+    assert {a: (r.state, r.cause) for a, r in rows.items()} == {
+        "drain": ("executed", "node_failure"),
+        "requeue": ("executed", "node_failure"),
+    }
+    assert rows["drain"].nodes == [bad]
+    assert "SlurmNodeDown" in {e["alertname"] for e in rows["drain"].evidence}
+    assert query(lab_cfg, f'slurmedic_node_status{{node="{bad}",status=~"(allocated|down)[*]"}}')
+    resumed_without(lab_cfg, job, bad)
 
 
 def test_the_silent_node_of_an_nccl_hang_is_drained_and_the_job_requeued(

@@ -15,7 +15,10 @@ def rules() -> None:
 
 
 @rules.command()
-@click.option("--profile", help="A profile of alert_rules/config.yml (e.g. lab) over the defaults.")
+@click.option(
+    "--profile",
+    help="Profiles of alert_rules/config.yml over the defaults (e.g. lab, or lab,slurm-native).",
+)
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -26,7 +29,10 @@ def rules() -> None:
 def render(profile: str | None, out: Path) -> None:
     """Render the rule templates with the thresholds of alert_rules/config.yml."""
     try:
-        written = RuleSource().write(out, profile)
+        source = RuleSource()
+        written = source.write(out, profile)
+        if profile is None and out == RULES_DIR:
+            written += source.write_variants()
     except RulesError as e:
         raise click.ClickException(str(e)) from e
     for path in written:

@@ -17,6 +17,9 @@ import yaml
 
 RULES_DIR = Path(__file__).resolve().parents[2] / "alert_rules"
 DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
+# Renderings kept beside the tests (alert_rules/tests/NAME/) and tested by promtool: NAME to the
+# profiles it is rendered with.
+VARIANTS = {"slurm-native": "slurmctld,slurmedic-nodes"}
 UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -43,16 +46,19 @@ class RuleSource:
     def config(self, profile: str | None = None) -> dict[str, Any]:
         raw = yaml.safe_load((self.rules_dir / "config.yml").read_text())
         values: dict[str, Any] = dict(raw["defaults"])
-        if profile is not None:
-            profiles = raw.get("profiles") or {}
-            if profile not in profiles:
-                raise RulesError(
-                    f"profile: {profile!r} is not in config.yml ({', '.join(profiles)})"
-                )
-            unknown = set(profiles[profile]) - set(values)
+        profiles = raw.get("profiles") or {}
+        # Several profiles compose, left to right: `lab,slurm-native`.
+        for name in [p for p in (profile or "").split(",") if p]:
+            if name not in profiles:
+                raise RulesError(f"profile: {name!r} is not in config.yml ({', '.join(profiles)})")
+            unknown = set(profiles[name]) - set(values)
             if unknown:
-                raise RulesError(f"profiles.{profile}: unknown key {sorted(unknown)[0]!r}")
-            values.update(profiles[profile])
+                raise RulesError(f"profiles.{name}: unknown key {sorted(unknown)[0]!r}")
+            values.update(profiles[name])
+        choices = {"slurm_counts_source": ("exporter", "slurmctld")}
+        for key, allowed in choices.items():
+            if values.get(key) not in allowed:
+                raise RulesError(f"{key}: {values.get(key)!r} is not one of {', '.join(allowed)}")
         xids = yaml.safe_load((self.rules_dir / "xid-classes.yml").read_text())
         values["xid_node"] = xids["node"]
         values["xid_application"] = xids["application"]
@@ -96,10 +102,40 @@ class RuleSource:
             written.append(path)
         return written
 
+    def variants(self) -> dict[str, dict[str, str]]:
+        """Renderings kept beside the tests (alert_rules/tests/PROFILE/) so that promtool tests
+        them too: the rule files a profile changes."""
+        default = self.render()
+        return {
+            variant: {
+                name: text for name, text in self.render(profiles).items() if default[name] != text
+            }
+            for variant, profiles in VARIANTS.items()
+        }
+
+    def write_variants(self) -> list[Path]:
+        written = []
+        for profile, files in self.variants().items():
+            out_dir = self.rules_dir / "tests" / profile
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for name, text in files.items():
+                path = out_dir / name
+                if not path.exists() or path.read_text() != text:
+                    path.write_text(text)
+                written.append(path)
+        return written
+
     def stale(self) -> list[str]:
-        """Rule files in the repo that differ from a fresh render of the defaults."""
-        return [
+        """Rule files in the repo that differ from a fresh render of the defaults (or, for the
+        variants beside the tests, of their profile)."""
+        out = [
             name
             for name, text in self.render().items()
             if not (self.rules_dir / name).exists() or (self.rules_dir / name).read_text() != text
         ]
+        for profile, files in self.variants().items():
+            for name, text in files.items():
+                path = self.rules_dir / "tests" / profile / name
+                if not path.exists() or path.read_text() != text:
+                    out.append(f"tests/{profile}/{name}")
+        return out
