@@ -218,7 +218,9 @@ def test_a_drain_rides_out_a_controller_that_is_briefly_away(
         timeout=60,
     )
     assert processes.stop(lab_cfg, "slurmctld")
-    restarted = threading.Timer(6.0, start_slurmctld, args=(lab_cfg,))
+    # Away longer than one Slurm command waits for it (MessageTimeout=5 s, and 26.05's client
+    # keeps trying within that): the executor's own retry must bridge the rest.
+    restarted = threading.Timer(12.0, start_slurmctld, args=(lab_cfg,))
     restarted.start()
     try:
         dispatcher.dispatch(ledger.rows([row_id]))
