@@ -332,7 +332,7 @@ def exec_cmd(stack_name: str, argv: tuple[str, ...]) -> None:
     # A run directory of its own (the wrappers bind it): the command sees the repo and the
     # temporary directory (a test's files), not a lab.
     tmp = Path(tempfile.gettempdir())
-    bindir = stacks.write_wrappers(stack, stacks.cache_dir() / f"{stack.name}.exec", (tmp,))
+    bindir = stacks.write_wrappers(stack, stack.exec_dir(), (tmp,))
     assert bindir is not None
     if not (bindir / argv[0]).exists():
         raise click.ClickException(f"{argv[0]} is not one of the {stack.name} stack's commands")

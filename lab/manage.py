@@ -24,7 +24,7 @@ from lab.faults import (
     control_path,
 )
 from lab.slurm import LabError
-from lab.slurm_view import expand_nodes
+from webhook.adapters.slurm import expand
 
 MONITORING = (
     "slurm-exporter",
@@ -220,7 +220,7 @@ def running_job(cfg: LabConfig, job_id: int) -> tuple[list[str], int]:
     info = show_job(cfg, job_id)
     if info.get("JobState") != "RUNNING":
         raise LabError(f"job {job_id} is {info.get('JobState')}, not RUNNING")
-    return expand_nodes(info.get("NodeList", "")), int(info.get("Restarts", "0"))
+    return list(expand(info.get("NodeList", ""))), int(info.get("Restarts", "0"))
 
 
 # ---- faults --------------------------------------------------------------------------------

@@ -119,6 +119,8 @@ def slurmedic_config(cfg: LabConfig) -> dict[str, Any]:
             "refresh_seconds": 1,
         },
         "tick_seconds": 0.5,
+        # The lab's one-second pace: /metrics (node states among them) no older than a second.
+        "metrics_cache_seconds": 1,
         "workers": 2,
         "verification": {"prometheus_url": cfg.url(cfg.prometheus_port), "interval_seconds": 1},
         "executor": {

@@ -8,11 +8,9 @@ seconds rather than minutes.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import hostlist
 
@@ -34,12 +32,6 @@ def slurm(cfg: LabConfig, *args: str, check: bool = True, timeout: float = SLURM
     if check and proc.returncode != 0:
         raise LabError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout
-
-
-def slurm_json(cfg: LabConfig, *args: str) -> dict[str, Any]:
-    out = slurm(cfg, *args, "--json")
-    data: dict[str, Any] = json.loads(out)
-    return data
 
 
 # ---- configuration -------------------------------------------------------------------------

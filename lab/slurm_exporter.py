@@ -52,7 +52,7 @@ JOB_STATES = (
 
 def state_bucket(node: SlurmNode) -> str:
     """The slurm_nodes_<state> counter a node counts in (drain wins, as in the exporter)."""
-    long = node.state_long.rstrip("*")
+    long = node.state_long.rstrip("*+")
     return {
         "allocated": "alloc",
         "mixed": "mix",
@@ -66,6 +66,7 @@ def state_bucket(node: SlurmNode) -> str:
         "inval": "inval",
         "reserved": "resv",
         "fail": "fail",
+        "failing": "fail",
         "error": "err",
     }.get(long, "other")
 

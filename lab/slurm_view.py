@@ -6,10 +6,9 @@ from __future__ import annotations
 import threading
 import time
 
-import hostlist
-
 from lab.config import LabConfig
-from webhook.adapters.slurm import SlurmCluster, SlurmError, SlurmJob, SlurmNode, SlurmSnapshot
+from webhook.adapters.slurm import SlurmCluster, SlurmError, SlurmNode, SlurmSnapshot
+from webhook.core.cluster import ACTIVE_STATES, Job
 
 CACHE_S = 0.5
 
@@ -38,17 +37,13 @@ class SlurmView:
         self.refresh()
         return self._snap.nodes if self._snap else []
 
-    def jobs(self) -> list[SlurmJob]:
+    def jobs(self) -> list[Job]:
         self.refresh()
         return self._snap.jobs if self._snap else []
 
     def job_on(self, node: str) -> int | None:
         """The running job holding `node` (lab jobs are exclusive), or None."""
         for job in self.jobs():
-            if job.state in ("RUNNING", "COMPLETING") and node in job.nodes:
+            if job.state in ACTIVE_STATES and node in job.nodes:
                 return job.id
         return None
-
-
-def expand_nodes(expr: str) -> list[str]:
-    return list(hostlist.expand_hostlist(expr)) if expr and expr != "(null)" else []

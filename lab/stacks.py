@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,7 +97,16 @@ class Stack:
 
     @property
     def root(self) -> Path:
-        return cache_dir() / self.name
+        """Named by what it holds: a checkout that wants other packages builds a root of its
+        own instead of replacing one that another checkout's lab runs in."""
+        digest = hashlib.sha256(f"{self.suite} {' '.join(PACKAGES)}".encode()).hexdigest()
+        return cache_dir() / f"{self.name}-{digest[:10]}"
+
+    def exec_dir(self) -> Path:
+        """The run directory `lab exec` writes its wrappers into, one per checkout (the
+        wrappers bind the checkout's repo)."""
+        digest = hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()
+        return cache_dir() / f"{self.root.name}.exec-{digest[:10]}"
 
     @property
     def stamp(self) -> Path:
@@ -208,13 +219,19 @@ def ensure_built(stack: Stack, *, log: Path | None = None) -> float:
     if shutil.which("debootstrap") is None:
         raise StackError("debootstrap is not installed: run ./scripts/setup.sh first")
     t0 = time.monotonic()
-    with _lock(cache_dir() / f"{stack.name}.lock"):
+    with _lock(stack.root.with_name(stack.root.name + ".lock")):
         if stack.built():
             return 0.0
-        work = cache_dir() / f"{stack.name}.build"
+        work = stack.root.with_name(stack.root.name + ".build")
         if work.exists():
-            shutil.rmtree(work)
+            shutil.rmtree(work)  # a build cut short; its mounts died with its namespace
         argv = [
+            # debootstrap mounts /proc and /sys in the root: in a namespace of its own they end
+            # with it, even when it is killed, and nothing later removes the root through them.
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
             "debootstrap",
             "--variant=minbase",
             f"--include={','.join(PACKAGES)}",
@@ -222,7 +239,7 @@ def ensure_built(stack: Stack, *, log: Path | None = None) -> float:
             str(work),
             debian_mirror(),
         ]
-        logfile = log or cache_dir() / f"{stack.name}.build.log"
+        logfile = log or stack.root.with_name(stack.root.name + ".build.log")
         with logfile.open("w") as out:
             proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
         if proc.returncode != 0:
@@ -240,8 +257,6 @@ def ensure_built(stack: Stack, *, log: Path | None = None) -> float:
             "versions": _dpkg_versions(work),
         }
         (work / ".slurmedic-stack.json").write_text(json.dumps(stamp, indent=1) + "\n")
-        if stack.root.exists():
-            shutil.rmtree(stack.root)
         work.rename(stack.root)
     return time.monotonic() - t0
 
@@ -266,19 +281,25 @@ def binds(run_dir: Path, extra: tuple[Path, ...] = ()) -> list[Path]:
     return out
 
 
+# The inner script is a constant: the root and the bind paths reach it as arguments, never as
+# text of a script, whatever characters they hold.
 EXEC_SCRIPT = """#!/bin/sh
 # Written by `slurmedic lab up`: runs a command of the {name} stack inside its root, in a mount
 # namespace of its own (nothing stays mounted when it ends). Already inside: runs it directly.
-if [ -n "${{SLURMEDIC_IN_STACK:-}}" ]; then exec "$@"; fi
+case "${{SLURMEDIC_IN_STACK:-}}" in
+  "") ;;
+  {name}) exec "$@" ;;
+  *) echo "stack-exec: inside the $SLURMEDIC_IN_STACK stack, not {name}" >&2; exit 1 ;;
+esac
 export SLURMEDIC_IN_STACK={name}
 exec unshare --mount --propagation private /bin/sh -c '
 set -e
-R={root}
+R=$1; n=$2; shift 2
 mount --rbind /proc "$R/proc"; mount --rbind /sys "$R/sys"; mount --rbind /dev "$R/dev"
 mount --bind /etc/hosts "$R/etc/hosts"
-for p in {binds}; do mount --bind "$p" "$R$p"; done
+while [ "$n" -gt 0 ]; do mount --bind "$1" "$R$1"; shift; n=$((n - 1)); done
 exec chroot "$R" /bin/sh -c "cd \\"\\$0\\" 2>/dev/null || cd /; exec \\"\\$@\\"" "$PWD" "$@"
-' stack-exec "$@"
+' stack-exec {root} {count} {binds} "$@"
 """
 
 
@@ -300,6 +321,7 @@ def write_wrappers(stack: Stack, run_dir: Path, extra: tuple[Path, ...] = ()) ->
     script = EXEC_SCRIPT.format(
         name=stack.name,
         root=shlex.quote(str(stack.root)),
+        count=len(mounts),
         binds=" ".join(shlex.quote(str(p)) for p in mounts),
     )
     _write_exec(bindir / "stack-exec", script)
@@ -313,7 +335,8 @@ def write_wrappers(stack: Stack, run_dir: Path, extra: tuple[Path, ...] = ()) ->
 
 def _write_exec(path: Path, text: str) -> None:
     if not path.exists() or path.read_text() != text:
-        tmp = path.with_suffix(".tmp")
+        # A temporary name of this writer's own: two labs may write the same wrappers at once.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_text(text)
         tmp.chmod(0o755)
         tmp.rename(path)

@@ -27,6 +27,7 @@ from tests.lab.test_remediation import (
 )
 from webhook.core.decisions import Decision
 from webhook.executor.dispatch import Dispatcher
+from webhook.executor.runner import run_playbook
 from webhook.ledger.store import Ledger
 from webhook.rules.render import RuleSource
 
@@ -241,3 +242,29 @@ def test_a_drain_rides_out_a_controller_that_is_briefly_away(
         what="the node registered again",
     )
     slurm(lab_cfg, "scontrol", "update", f"nodename={node}", "state=resume")
+
+
+def test_the_requeue_playbook_refuses_a_job_cancelled_since_the_decision(
+    lab_cfg: LabConfig, submit: Callable[..., int]
+) -> None:
+    """A decision carried out after its job was cancelled (approve mode: a human approved it
+    later) does not bring the job back: the playbook reads the job first and refuses."""
+    job = submit(nodes=2)
+    nodes = running_nodes(lab_cfg, job)
+    slurm(lab_cfg, "scancel", str(job))
+    eventually(lambda: manage.show_job(lab_cfg, job)["JobState"] == "CANCELLED", what="cancelled")
+    result = run_playbook(
+        "requeue_job",
+        {
+            "slurmedic_job": job,
+            "slurmedic_attempt": 0,
+            "slurmedic_exclude": [nodes[0]],
+            "slurmedic_slurm_env": lab_cfg.slurm_env(),
+        },
+        check=False,
+        inventory=lab_cfg.etc / "inventory.yml",
+    )
+    assert not result.ok, result.output
+    assert "never requeues a job that was cancelled" in result.output, result.output
+    info = manage.show_job(lab_cfg, job)
+    assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0")

@@ -20,7 +20,8 @@ import yaml
 
 from lab import dcgm_exporter
 from lab.slurm_exporter import SlurmCollector
-from webhook.adapters.slurm import SlurmJob, SlurmNode
+from webhook.adapters.slurm import SlurmNode
+from webhook.core.cluster import Job
 from webhook.progress import ProgressReporter
 from webhook.rules.dashboards import (
     DASHBOARDS_DIR,
@@ -77,7 +78,7 @@ class _NoCluster:
     def nodes(self) -> list[SlurmNode]:
         return [SlurmNode("gpu01", "IDLE", frozenset(), ("train",), gres="gpu:8")]
 
-    def jobs(self) -> list[SlurmJob]:
+    def jobs(self) -> list[Job]:
         return []
 
 

@@ -119,16 +119,28 @@ def test_node_state_shapes(raw: Any, flags: Any, base: str, rest: set[str]) -> N
 @pytest.mark.parametrize(
     ("raw", "want"),
     [
-        ("RUNNING", "RUNNING"),
-        (["RUNNING"], "RUNNING"),
-        (["RUNNING", "COMPLETING"], "COMPLETING"),
-        (["PENDING", "REQUEUE_HOLD"], "REQUEUE_HOLD"),
-        (["COMPLETED", "REQUEUED", "COMPLETING"], "COMPLETING"),  # Slurm's own order
-        (["NODE_FAIL"], "NODE_FAIL"),
+        ("RUNNING", ("RUNNING", "")),
+        ("COMPLETING", ("COMPLETING", "")),  # 22.05: the base is not printed
+        (["RUNNING"], ("RUNNING", "")),
+        (["RUNNING", "COMPLETING"], ("COMPLETING", "RUNNING")),
+        (["CANCELLED", "COMPLETING"], ("COMPLETING", "CANCELLED")),
+        (["PENDING", "REQUEUE_HOLD"], ("REQUEUE_HOLD", "PENDING")),
+        (["COMPLETED", "REQUEUED", "COMPLETING"], ("COMPLETING", "COMPLETED")),  # Slurm's order
+        (["NODE_FAIL"], ("NODE_FAIL", "")),
     ],
 )
-def test_job_state_as_slurm_spells_it(raw: Any, want: str) -> None:
+def test_job_state_as_slurm_spells_it(raw: Any, want: tuple[str, str]) -> None:
     assert job_state(raw) == want
+
+
+def test_a_job_completing_after_scancel_is_ended_on_purpose_and_ended() -> None:
+    (job,) = read_jobs(
+        {"jobs": [{"job_id": 7, "job_state": ["CANCELLED", "COMPLETING"],
+                   "end_time": {"set": True, "infinite": False, "number": 1796109769}}]},
+        Release(24, 11, 5), ("scontrol",),
+    )  # fmt: skip
+    assert (job.state, job.base, job.ended_on_purpose) == ("COMPLETING", "CANCELLED", True)
+    assert job.ended is not None
 
 
 @pytest.mark.parametrize(

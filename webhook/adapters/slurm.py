@@ -21,7 +21,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -110,41 +110,35 @@ class SlurmNode:
 
     @property
     def state(self) -> str:
-        """slurmedic's one word for it: the base state lower case, `drain` when draining."""
-        return "drain" if "DRAIN" in self.flags else self.base.lower()
+        """slurmedic's one word for it: the base state lower case, `drain` when draining or
+        drained, or FAILed by an operator (out of service either way)."""
+        return "drain" if self.flags & {"DRAIN", "FAIL"} else self.base.lower()
 
     @property
     def state_long(self) -> str:
-        """sinfo's StateLong (`%T`): idle, allocated, draining, drained, down*, ..."""
-        base = self.base.lower()
-        if "DRAIN" in self.flags:
-            base = (
-                "draining"
-                if base in ("allocated", "mixed")
-                else "down"
-                if base == "down"
-                else "drained"
-            )
-        elif "COMPLETING" in self.flags:
-            base = "completing"
-        elif "MAINTENANCE" in self.flags:
-            base = "maint"
-        return base + ("*" if "NOT_RESPONDING" in self.flags else "")
-
-
-@dataclass(frozen=True)
-class SlurmJob:
-    id: int
-    name: str
-    user: str
-    partition: str
-    state: str  # as Slurm spells it: RUNNING, PENDING, REQUEUE_HOLD, NODE_FAIL, ...
-    nodes: tuple[str, ...]
-    restarts: int
-    requeue: bool
-    comment: str
-    started: datetime | None
-    ended: datetime | None
+        """sinfo's StateLong (`%T`), as Slurm's node_state_string() spells it, lower case, with
+        `*` for a node that does not respond (and `+` for an allocated one completing); the
+        power-saving and reboot suffixes are left out."""
+        f, base = self.flags, self.base
+        star = "*" if "NOT_RESPONDING" in f else ""
+        busy = base in ("ALLOCATED", "MIXED") or "COMPLETING" in f
+        if "INVALID_REG" in f:
+            return "inval"
+        if "MAINTENANCE" in f and not ("DRAIN" in f or base in ("ALLOCATED", "DOWN", "MIXED")):
+            return "maint" + star
+        if "DRAIN" in f:
+            return ("draining" if busy else "drained") + star
+        if "FAIL" in f:
+            return ("failing" if busy else "fail") + star
+        if base == "ALLOCATED":
+            return "allocated" + (star or ("+" if "COMPLETING" in f else ""))
+        if base != "DOWN" and "COMPLETING" in f:
+            return "completing" + star
+        if base == "IDLE" and not star:
+            for flag, name in (("RESERVED", "reserved"), ("PLANNED", "planned")):
+                if flag in f:
+                    return name
+        return base.lower() + star
 
 
 @dataclass
@@ -153,7 +147,7 @@ class SlurmSnapshot:
 
     release: Release
     nodes: list[SlurmNode] = field(default_factory=list)
-    jobs: list[SlurmJob] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)  # the core's own: Slurm's fields, as read
     switches: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def view(self) -> ClusterView:
@@ -271,19 +265,20 @@ def node_state(raw_state: Any, raw_flags: Any = None) -> tuple[str, frozenset[st
     return base, frozenset(s for s in parts if s != base)
 
 
-def job_state(raw: Any) -> str:
-    """A job's state as Slurm spells it in squeue (`%T`): the first flag by Slurm's order, else
-    the base state. 22.05 prints that string; 23.02+ a list of base state and flags."""
+def job_state(raw: Any) -> tuple[str, str]:
+    """(state, base): the state as Slurm spells it in squeue (`%T`: the first flag by Slurm's
+    order, else the base state), and the base state when a flag named it (empty otherwise).
+    22.05 prints the one word (the base is lost); 23.02+ a list of base state and flags."""
     parts = [s.upper() for s in names(raw)]
     if len(parts) == 1:
-        return parts[0]
+        return parts[0], ""
+    base = next((s for s in parts if s in JOB_BASE_STATES), "")
     for flag in JOB_FLAG_ORDER:
         if flag in parts:
-            return flag
-    base = next((s for s in parts if s in JOB_BASE_STATES), None)
-    if base is None:
+            return flag, base
+    if not base:
         raise ValueError(f"no job state in {raw!r}")
-    return base
+    return base, ""
 
 
 def _text(raw: Any) -> str:
@@ -331,19 +326,20 @@ def read_nodes(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) 
     return out
 
 
-def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -> list[SlurmJob]:
+def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -> list[Job]:
     out = []
     for j in _records(data, "jobs", release, cmd):
         try:
             job_id = number(j.get("job_id"))
             if job_id is None:
                 raise ValueError("no job_id")
-            state = job_state(j.get("job_state"))
+            state, base = job_state(j.get("job_state"))
             # end_time of a running job is its time limit; only an ended job's is when it ended.
-            ended = timestamp(j.get("end_time")) if state in ENDED_STATES else None
+            over = state in ENDED_STATES or base in ENDED_STATES
+            ended = timestamp(j.get("end_time")) if over else None
             requeue = j.get("requeue", True)
             out.append(
-                SlurmJob(
+                Job(
                     id=job_id,
                     name=_text(j.get("name")),
                     user=_text(j.get("user_name")),
@@ -355,6 +351,7 @@ def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -
                     comment=_text(j.get("comment")),
                     started=timestamp(j.get("start_time")),
                     ended=ended,
+                    base=base,
                 )
             )
         except ValueError as e:
@@ -399,25 +396,5 @@ def build_view(snap: SlurmSnapshot) -> ClusterView:
             status=n.state_long,
         )
     for j in snap.jobs:
-        view.set_job(
-            Job(
-                id=j.id,
-                nodes=j.nodes,
-                partition=j.partition,
-                name=j.name,
-                user=j.user,
-                state=j.state,
-                requeue=j.requeue,
-                restarts=j.restarts,
-                comment=j.comment,
-                started=j.started,
-                ended=j.ended,
-            )
-        )
+        view.set_job(j)
     return view
-
-
-def jobs_on(snap: SlurmSnapshot, states: Iterable[str]) -> dict[str, int]:
-    """Node to the job in one of `states` that holds it (the exporters' job label)."""
-    wanted = set(states)
-    return {n: j.id for j in snap.jobs if j.state in wanted for n in j.nodes}

@@ -13,6 +13,8 @@ from typing import Any
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 JOB_ID = re.compile(r"^[0-9]{1,10}$")
 ACTIVE_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"}
+# Ends someone chose (scancel, the job's time limit or deadline, preemption): not faults.
+ENDED_ON_PURPOSE = {"CANCELLED", "TIMEOUT", "DEADLINE", "PREEMPTED"}
 ENDED_STATES = {
     "NODE_FAIL",
     "FAILED",
@@ -64,10 +66,18 @@ class Job:
     comment: str = ""
     started: datetime | None = None
     ended: datetime | None = None
+    # Slurm's base state when `state` names a flag (CANCELLED while the job is COMPLETING);
+    # empty when it is `state`, or unknown (22.05 prints one word).
+    base: str = ""
 
     @property
     def attempt(self) -> str:
         return f"{self.id}.{self.restarts}"
+
+    @property
+    def ended_on_purpose(self) -> bool:
+        """Cancelled, timed out, past its deadline or preempted: ended, or ending, by choice."""
+        return bool({self.state, self.base} & ENDED_ON_PURPOSE)
 
     def options(self) -> dict[str, Any]:
         """The job's slurmedic options from its comment JSON (other comments are ignored)."""

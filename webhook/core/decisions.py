@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from webhook.core.attribution import Attribution, names
-from webhook.core.cluster import ClusterView, Job
+from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
 from webhook.core.evidence import Evidence
 from webhook.core.policy import Policy
 
@@ -223,11 +223,12 @@ def _requeue(
     base: Decision, attr: Attribution, job: Job, policy: Policy, guards: GuardState, now: datetime
 ) -> list[Decision]:
     opts = job.options()
-    # scancel is someone's decision (a user, an operator, the scheduler's limits): a job's
-    # alerts that outlive its cancellation (its progress stops, its ranks time out) are not a
-    # fault to recover from.
-    if job.state == "CANCELLED":
-        return [_refuse(base, "cancelled", f"job {job.id} was cancelled", attr)]
+    # scancel, a time limit, a deadline, a preemption: someone's decision. A job's alerts that
+    # outlive it (its progress stops, its ranks time out) are not a fault to recover from, also
+    # while the job is still COMPLETING.
+    if job.ended_on_purpose:
+        ended = job.base if job.base in ENDED_ON_PURPOSE else job.state
+        return [_refuse(base, "ended_on_purpose", f"job {job.id} ended {ended}", attr)]
     if not job.requeue:
         return [_refuse(base, "no_requeue", f"job {job.id} was submitted with --no-requeue", attr)]
     if opts.get("requeue") is False:

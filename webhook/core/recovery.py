@@ -156,7 +156,7 @@ def judge(
             f"attempt {successor} was requeued again (restart {job.restarts}){note}",
             before_checkpoint=early,
         )
-    if job.state == "CANCELLED" and job.restarts == successor:
+    if "CANCELLED" in (job.state, job.base) and job.restarts == successor:
         # scancel: a person's (or slurmedic's own stop's) decision, not the job failing.
         return Verdict("unverified", f"attempt {successor} was cancelled")
     if job.state in ENDED_STATES and job.restarts == successor:

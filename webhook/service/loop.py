@@ -100,6 +100,7 @@ class LiveLoop:
             view = self._view()
             if view is not None:
                 self.engine.update_view(view)
+                self._publish_nodes()
         if not self.caught_up:
             if not self.engine.view.nodes:
                 return []
@@ -163,14 +164,18 @@ class LiveLoop:
         if jobs != self.jobs_published:
             self.ledger.set_setting("jobs", jobs, now)
             self.jobs_published = jobs
-        # Node states as Slurm reports them: the rules' per-node source when a site runs no
-        # Slurm exporter (Slurm's own metrics count node states, per cluster only).
+
+    def _publish_nodes(self) -> None:
+        """Node states as Slurm reports them, as soon as a refresh changes one: the node rules'
+        source when a site runs no Slurm exporter (Slurm's own metrics count node states per
+        cluster only), and a node that stops responding must reach them before Slurm marks it
+        DOWN and requeues its job by itself (SlurmdTimeout)."""
         nodes = {
             n.name: {"status": n.status or n.state, "partitions": list(n.partitions)}
             for n in self.engine.view.nodes.values()
         }
         if nodes != self.nodes_published:
-            self.ledger.set_setting("nodes", nodes, now)
+            self.ledger.set_setting("nodes", nodes, self.clock())
             self.nodes_published = nodes
 
     def _sync_breaker(self) -> None:
