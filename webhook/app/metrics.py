@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import struct
 import threading
 import time
 from collections import Counter as Tally
@@ -312,4 +313,11 @@ def scrape() -> Response:
     ext = current_app.extensions["slurmedic"]
     if "registry" not in ext:
         ext["registry"] = _registry(ext["ledger"], ext.get("metrics_ttl", 10.0))
+    for _ in range(5):
+        try:
+            return Response(generate_latest(ext["registry"]), mimetype=CONTENT_TYPE_LATEST)
+        except struct.error:
+            # prometheus-client's multiprocess mode: another worker has just created its value
+            # file and not yet written its header (an empty file for microseconds). Read again.
+            time.sleep(0.02)
     return Response(generate_latest(ext["registry"]), mimetype=CONTENT_TYPE_LATEST)
