@@ -124,6 +124,12 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=256)
     p.add_argument("--seconds", type=int, default=120)
     p.add_argument("--interval", type=int, default=10)
+    p.add_argument(
+        "--rules",
+        type=Path,
+        default=RULES_DIR,
+        help="directory of *.rules.yml to evaluate (e.g. an older rendering, to compare)",
+    )
     args = p.parse_args()
 
     nodes = [f"gpu{i:05d}" for i in range(1, args.nodes + 1)]
@@ -151,7 +157,7 @@ def main() -> None:
                     "evaluation_interval": interval,
                     "scrape_timeout": interval,
                 },
-                "rule_files": [str(RULES_DIR / "*.rules.yml")],
+                "rule_files": [str(args.rules.resolve() / "*.rules.yml")],
                 "scrape_configs": [
                     {
                         "job_name": "dcgm",

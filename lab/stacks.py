@@ -2,7 +2,7 @@
 
 A stack other than the host's is a root filesystem built with `debootstrap --variant=minbase`
 from the Debian archive apt already uses here, once, and cached outside the repo
-(`/var/cache/slurmedic/stacks/NAME`, or `SLURMEDIC_STACK_CACHE`). Its daemons and clients run
+(`/var/cache/slurmedic/stacks/NAME-HASH`, or `SLURMEDIC_STACK_CACHE`). Its daemons and clients run
 inside it through `bin/` wrappers in the lab's run directory: each wrapper enters a mount
 namespace of its own (so nothing stays mounted when the process ends, and two labs never share
 a mount), bind-mounts /proc, /sys, /dev, /etc/hosts, the repo, the Python slurmedic runs on and
