@@ -20,7 +20,7 @@ import pytest
 
 from lab import api, manage, monitoring, processes
 from lab.config import LabConfig
-from lab.slurm import slurm
+from lab.slurm import node_states, slurm
 from tests.lab.conftest import eventually, joblog, query, running_nodes, serve_slurmedic
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
@@ -29,14 +29,28 @@ from webhook.rules import dashboards
 pytestmark = pytest.mark.lab
 
 
+def heal(cfg: LabConfig) -> None:
+    """Healthy GPUs, every slurmd back and answering, and no drained node: a node killed by a
+    test answers again before it can be resumed (resuming one that does not answer fails)."""
+    manage.clear(cfg)
+    eventually(
+        lambda: not any(s.endswith("*") for s in node_states(cfg).values()),
+        timeout=60,
+        what="every node answering",
+    )
+    for node, state in node_states(cfg).items():
+        if state.startswith("drain"):
+            slurm(cfg, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
+    eventually(
+        lambda: not any(s.startswith("drain") for s in node_states(cfg).values()),
+        what="no drained node",
+    )
+
+
 def restore(cfg: LabConfig) -> None:
     """Give the next tests a healthy cluster: resume what this module drained."""
     processes.stop(cfg, "slurmedic")
-    for line in slurm(cfg, "sinfo", "-h", "-N", "-o", "%N %t").splitlines():
-        node, state = line.split()
-        if state.startswith("drain"):
-            slurm(cfg, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
-    manage.clear(cfg)
+    heal(cfg)
 
 
 @pytest.fixture(autouse=True)
@@ -44,11 +58,7 @@ def healthy_after(lab_cfg: LabConfig) -> Iterator[None]:
     """Each test leaves healthy GPUs and no drained node behind: faults from one test would
     otherwise be real evidence (and real drains) in the next."""
     yield
-    manage.clear(lab_cfg)
-    for line in slurm(lab_cfg, "sinfo", "-h", "-N", "-o", "%N %t").splitlines():
-        node, state = line.split()
-        if state.startswith("drain"):
-            slurm(lab_cfg, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
+    heal(lab_cfg)
 
 
 @pytest.fixture(scope="module")

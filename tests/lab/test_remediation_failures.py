@@ -4,6 +4,7 @@ silent; and the executor riding out a Slurm controller that is briefly away."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from tests.lab.test_remediation import (
 from webhook.core.decisions import Decision
 from webhook.executor.dispatch import Dispatcher
 from webhook.executor.runner import run_playbook
+from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
 from webhook.rules.render import RuleSource
 
@@ -57,41 +59,56 @@ def resumed_without(cfg: LabConfig, job: int, bad: str) -> list[str]:
     return nodes
 
 
-def test_a_node_that_stops_answering_is_drained_and_the_job_requeued_without_it(
-    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
-) -> None:
+def stays_drained(cfg: LabConfig, bad: str) -> None:
+    """With its slurmd back, the node stays out of service until a human resumes it."""
+    manage.clear(cfg, bad)
+    eventually(
+        lambda: (
+            "DRAIN" in (info := slurm(cfg, "scontrol", "show", "node", bad, "-o"))
+            and "NOT_RESPONDING" not in info
+        ),
+        what="the node answering again, still drained",
+    )
+
+
+def killed_and_decided(
+    cfg: LabConfig, enforce: Ledger, submit: Callable[..., int], rank: int
+) -> tuple[int, str, dict[str, DecisionRow]]:
+    """A 3-node job whose node `rank` dies: slurmedic drains that node and requeues the job."""
     job = submit(nodes=3)
-    nodes = running_nodes(lab_cfg, job)
-    mapped(lab_cfg, job)
-    bad = nodes[2]
-    manage.kill_node(lab_cfg, bad)
+    nodes = running_nodes(cfg, job)
+    mapped(cfg, job)
+    bad = nodes[rank]
+    manage.kill_node(cfg, bad)
     rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
     assert {a: (r.state, r.cause) for a, r in rows.items()} == {
         "drain": ("executed", "node_failure"),
         "requeue": ("executed", "node_failure"),
     }
-    assert rows["drain"].nodes == [bad] and rows["requeue"].exclude == [bad]
+    assert rows["drain"].nodes == [bad]
+    return job, bad, rows
+
+
+def test_a_node_that_stops_answering_is_drained_and_the_job_requeued_without_it(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    job, bad, rows = killed_and_decided(lab_cfg, enforce, submit, rank=2)
+    assert rows["requeue"].exclude == [bad]
     info = slurm(lab_cfg, "scontrol", "show", "node", bad, "-o")
     assert "DRAIN" in info and f"Reason=slurmedic: {job}.0 node_failure" in info
     resumed_without(lab_cfg, job, bad)
     # Slurm may have requeued the job itself (NODE_FAIL of a --requeue job) before slurmedic:
     # the exclusion is there either way.
     assert bad in manage.show_job(lab_cfg, job)["ExcNodeList"].split(",")
-    # With its slurmd back, the node stays out of service until a human resumes it.
-    manage.clear(lab_cfg, bad)
-    eventually(
-        lambda: (
-            "DRAIN" in slurm(lab_cfg, "scontrol", "show", "node", bad, "-o")
-            and "NOT_RESPONDING" not in slurm(lab_cfg, "scontrol", "show", "node", bad, "-o")
-        ),
-        what="the node answering again, still drained",
-    )
+    stays_drained(lab_cfg, bad)
 
 
 @pytest.fixture
 def no_slurm_exporter(lab_cfg: LabConfig) -> Iterator[None]:
     """The lab as a site without a Slurm exporter: its rules read node states from slurmedic's
-    own /metrics (`slurmedic-nodes` profile), and the exporter is stopped."""
+    own /metrics (`slurmedic-nodes` profile), and the exporter is stopped. Requested before
+    `enforce`, it is undone after slurmedic stops: the exporter's return must not raise alerts
+    for a slurmedic still acting (it drained a node the next test needed)."""
     rules = lab_cfg.run_dir / "rules"
     profile = monitoring.rules_profile(lab_cfg)
     RuleSource().write(rules, profile=f"{profile},slurmedic-nodes")
@@ -107,7 +124,7 @@ def no_slurm_exporter(lab_cfg: LabConfig) -> Iterator[None]:
 
 
 def test_without_a_slurm_exporter_slurmedic_s_node_states_raise_the_node_alert(
-    lab_cfg: LabConfig, enforce: Ledger, no_slurm_exporter: None, submit: Callable[..., int]
+    lab_cfg: LabConfig, no_slurm_exporter: None, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
     """SlurmNodeDown from slurmedic_node_status: the node states slurmedic's cluster view holds,
     published on its /metrics, are enough for a dead node to be drained and its job requeued."""
@@ -117,21 +134,14 @@ def test_without_a_slurm_exporter_slurmedic_s_node_states_raise_the_node_alert(
     )
     # The exporter's series are gone (stale after the first scrape that fails).
     eventually(lambda: not query(lab_cfg, "slurm_node_status"), what="no exporter series")
-    job = submit(nodes=3)
-    nodes = running_nodes(lab_cfg, job)
-    mapped(lab_cfg, job)
-    bad = nodes[1]
-    manage.kill_node(lab_cfg, bad)
-    rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
-    assert {a: (r.state, r.cause) for a, r in rows.items()} == {
-        "drain": ("executed", "node_failure"),
-        "requeue": ("executed", "node_failure"),
-    }
-    assert rows["drain"].nodes == [bad]
+    # Rank 0's node, not the next test's silent rank 1: a dead node's alert outlives this test,
+    # and the next test's slurmedic catches it up from the lab's ledger and drains it again.
+    job, bad, rows = killed_and_decided(lab_cfg, enforce, submit, rank=0)
     assert "SlurmNodeDown" in {e["alertname"] for e in rows["drain"].evidence}
     # slurmedic reports it as not responding (drained by now: `drained*` or `draining*`).
     assert query(lab_cfg, f'slurmedic_node_status{{node="{bad}",status=~".+[*]"}}')
     resumed_without(lab_cfg, job, bad)
+    stays_drained(lab_cfg, bad)
 
 
 def test_the_silent_node_of_an_nccl_hang_is_drained_and_the_job_requeued(
@@ -221,15 +231,30 @@ def test_a_drain_rides_out_a_controller_that_is_briefly_away(
         timeout=60,
     )
     assert processes.stop(lab_cfg, "slurmctld")
-    # Away longer than one Slurm command waits for it (MessageTimeout=5 s, and 26.05's client
-    # keeps trying within that): the executor's own retry must bridge the rest.
-    restarted = threading.Timer(12.0, start_slurmctld, args=(lab_cfg,))
+    # The controller comes back once the executor has met it away and decided to retry (its
+    # log says so), not after a guessed time: the retry must bridge the outage.
+    retrying = threading.Event()
+
+    class Retries(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "transient Slurm error" in record.getMessage():
+                retrying.set()
+
+    def restart() -> None:
+        retrying.wait(120)
+        start_slurmctld(lab_cfg)
+
+    handler = Retries()
+    logging.getLogger("slurmedic.executor").addHandler(handler)
+    restarted = threading.Thread(target=restart)
     restarted.start()
     try:
         dispatcher.dispatch(ledger.rows([row_id]))
         dispatcher.close()
     finally:
+        retrying.set()
         restarted.join()
+        logging.getLogger("slurmedic.executor").removeHandler(handler)
     row, events = ledger.decision(row_id)  # type: ignore[misc]
     assert row.state == "executed", [e.detail for e in events]
     run = events[-1].detail["run"]

@@ -29,7 +29,7 @@ from typing import Any
 
 import hostlist
 
-from webhook.core.cluster import ENDED_STATES, NODE_NAME, ClusterView, Job, Node
+from webhook.core.cluster import ENDED_STATES, JOB_BASE_STATES, NODE_NAME, ClusterView, Job, Node
 
 TIMEOUT_S = 10.0
 # scontrol's --json arrived in 23.02.
@@ -54,20 +54,6 @@ JOB_FLAG_ORDER = (
     "RESV_DEL_HOLD",
     "SIGNALING",
 )
-JOB_BASE_STATES = {
-    "PENDING",
-    "RUNNING",
-    "SUSPENDED",
-    "COMPLETED",
-    "CANCELLED",
-    "FAILED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "PREEMPTED",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "OUT_OF_MEMORY",
-}
 
 
 class SlurmError(RuntimeError):

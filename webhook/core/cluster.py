@@ -13,6 +13,21 @@ from typing import Any
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 JOB_ID = re.compile(r"^[0-9]{1,10}$")
 ACTIVE_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"}
+# Slurm's job base states (the rest of a state list, or squeue's word, are flags).
+JOB_BASE_STATES = {
+    "PENDING",
+    "RUNNING",
+    "SUSPENDED",
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+}
 # Ends someone chose (scancel, the job's time limit or deadline, preemption): not faults.
 ENDED_ON_PURPOSE = {"CANCELLED", "TIMEOUT", "DEADLINE", "PREEMPTED"}
 ENDED_STATES = {

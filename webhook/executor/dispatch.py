@@ -224,6 +224,9 @@ class Dispatcher:
             stop=stop_after_attempt(self.retries),
             wait=wait_exponential(multiplier=self.backoff, max=8),
             retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
+            before_sleep=lambda state: log.warning(
+                "%s: transient Slurm error (attempt %d), retrying", name, state.attempt_number
+            ),
         )
         result: RunResult = retrying(attempt)
         result.attempts = attempts
