@@ -21,6 +21,7 @@ from lab.slurm import LabError
 from webhook.rules.render import RuleSource
 
 MTAIL_DIR = REPO_ROOT / "alert_rules" / "mtail"
+LAB_HANG_WAIT = "40s"  # the lab policy's hang_wait
 ALERTMANAGER_EXAMPLE = REPO_ROOT / "alert_rules" / "alertmanager.yml"
 
 
@@ -196,12 +197,15 @@ def write_config(cfg: LabConfig) -> None:
     _write_yaml(cfg.slurmedic_config, slurmedic_config(cfg))
     _write_yaml(cfg.etc / "inventory.yml", inventory(cfg))
     # Monitor mode; a short settle window for the lab's pace; 8 nodes would give a breaker of
-    # one node at the default 10 %, so the lab allows half its nodes per hour.
+    # one node at the default 10 %, so the lab allows half its nodes per hour. A stall waits for
+    # a named node at the lab's pace too: its rules see a hang after 12 s, the trainer's NCCL
+    # timeout is 15 s (a test may give 30 s).
     _write_yaml(
         cfg.etc / "policy.yml",
         {
             "mode": "monitor",
             "settle_seconds": 5,
+            "hang_wait": LAB_HANG_WAIT,
             "breaker": {"max_fraction": 0.5},
             "verify": {"deadline": "90s"},
         },

@@ -241,14 +241,28 @@ def run(scenario: Scenario) -> list[Decision]:
             at, _, event = heapq.heappop(queue)
             if event.cluster is not None:
                 apply_change(engine.view, event.cluster, at)
+                engine.update_view(engine.view, at)
             else:
                 payload = event.payload or wrap(event.alerts or [])
                 engine.receive(payload, at)
         elif due is not None and due <= scenario.until:
-            decisions += engine.tick(due)
+            decisions = supersede(decisions, engine.tick(due))
         else:
             break
     return decisions
+
+
+def supersede(earlier: list[Decision], new: list[Decision]) -> list[Decision]:
+    """Append new decisions; a revision marks its incident's earlier decisions superseded
+    (nothing is carried out in a replay, so every one of them still could be)."""
+    revised = {d.incident: d.revision for d in new if d.revision}
+    kept = [
+        replace(d, state="superseded")
+        if d.incident in revised and d.revision < revised[d.incident]
+        else d
+        for d in earlier
+    ]
+    return kept + new
 
 
 def replay_json(path: Path) -> dict[str, Any]:

@@ -186,6 +186,7 @@ def serve_slurmedic(cfg: LabConfig, tmp: Path, mode: str) -> Ledger:
             {
                 "mode": mode,
                 "settle_seconds": 5,
+                "hang_wait": monitoring.LAB_HANG_WAIT,
                 "breaker": {"max_fraction": 0.5},
                 "verify": {"deadline": "90s"},
                 # One fault per test, but several tests within minutes under the lab's 4-node

@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from webhook.core.recovery import VERIFY
+from webhook.core.incidents import VERIFY
 from webhook.ledger.schema import DecisionEvent, DecisionRow, RecoveryRow
 from webhook.ledger.store import Ledger, _utc
 

@@ -9,6 +9,7 @@ import click
 
 from webhook.cli.common import config_option, ledger_of
 from webhook.core.decisions import Decision
+from webhook.core.incidents import IncidentKey
 from webhook.executor.runner import INVENTORY, run_playbook
 from webhook.service.config import load_config
 
@@ -73,7 +74,7 @@ def resume(config_path: Path | None, nodes: tuple[str, ...]) -> None:
 
     decision = Decision(
         at=now,
-        incident=f"resume:{','.join(nodes)}",
+        incident=str(IncidentKey.resuming(tuple(nodes))),
         job=None,
         action="resume",
         cause="unknown",

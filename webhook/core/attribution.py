@@ -5,6 +5,11 @@ silent while the others logged NCCL timeouts (2); a persistent straggler (3); ap
 errors with no hardware evidence (4); many nodes at once or most of a switch, which overrides
 1-3 for the nodes it covers (5); timeouts everywhere or a stalled job with nothing to blame (6);
 anything else (7).
+
+Application evidence from a node whose ranks also witnessed a communication failure (an NCCL
+timeout or error) or stalled is that failure's echo, not the application's fault: a rank that
+times out raises, prints a traceback and exits non-zero. It counts as the application's only on
+nodes that said nothing else, or when it names no node.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from webhook.core.evidence import APPLICATION, HARDWARE, Evidence
 from webhook.core.policy import SharedCause
 
 HARDWARE_ORDER = ("gpu_hw", "node_down", "network")
+# Evidence that can only say "the job stalled": it names no node by itself.
+STALL = frozenset({"hang", "nccl_timeout"})
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,7 @@ def attribute(
     # 2. The silent node: every other node of the job logged an NCCL timeout.
     timeouts = {e.node for e in by_signal.get("nccl_timeout", []) if e.node}
     spoke = timeouts | {e.node for s in APPLICATION for e in by_signal.get(s, []) if e.node}
+    # A rank stuck in its own collective (its watchdog or heartbeat says so) is silent too.
     silent = tuple(sorted(set(job_nodes) - spoke))
     # Exactly one: several silent nodes at once point at no single node (a switch, power).
     if timeouts and len(silent) == 1 and set(job_nodes) - set(silent) == timeouts:
@@ -125,8 +133,14 @@ def attribute(
             "every collective waits for it",
         )
 
-    # 4. Application errors with no hardware evidence.
-    app = [e for s in ("gpu_app", "app_error") for e in by_signal.get(s, [])]
+    # 4. Application errors with no hardware evidence (and not the echo of a timeout).
+    witnesses = {e.node for s in STALL for e in by_signal.get(s, []) if e.node}
+    app = [
+        e
+        for s in ("gpu_app", "app_error")
+        for e in by_signal.get(s, [])
+        if e.node is None or e.node not in witnesses
+    ]
     if app:
         where = {e.node for e in app if e.node}
         scope = f"on {names(where)}" if where else "in the job"
@@ -149,4 +163,13 @@ def attribute(
     signals = ", ".join(sorted(by_signal)) or "none"
     return Attribution(
         "unknown", (), f"The evidence ({signals}) points at no node and no application"
+    )
+
+
+def stall_only(attr: Attribution, evidence: list[Evidence]) -> bool:
+    """Whether all an incident can say is "stalled": no node named, and only hang signals and
+    NCCL timeouts. Such an incident waits for the evidence that can name a node."""
+    signals = {e.signal for e in evidence if e.actionable}
+    return (
+        attr.cause in ("hang", "unknown") and not attr.nodes and bool(signals) and signals <= STALL
     )

@@ -1,5 +1,11 @@
 """Decisions: what each cause leads to (DESIGN.md's table), then the guards that may change it.
 
+Act on failures, not symptoms: an application's GPU error (an XID of the application class) on a
+job that keeps running is recorded and told to people, and the job is left alone until it has
+failed (it ended, a rank logged a fatal error, or its progress stalled). A job that died of
+timeouts or communication errors with nobody to blame is requeued once; the same again is for a
+human, and when it failed first on the same node again, that node is named.
+
 Guards, in order: scope (partitions, per-job opt-in/out in the comment, --no-requeue), the
 retry budget (a job out of budget is stopped and escalated instead of requeued), the circuit
 breaker (past its limit, drains become escalations until a human resets it), and the mode of
@@ -9,17 +15,21 @@ each action (monitor records, approve waits for a human, enforce executes).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from webhook.core.attribution import Attribution, names
-from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
+from webhook.core.cluster import ACTIVE_STATES, ENDED_ON_PURPOSE, ClusterView, Job
 from webhook.core.evidence import Evidence
+from webhook.core.lifecycle import INITIAL
 from webhook.core.policy import Policy
 
-STATE_OF_MODE = {"monitor": "recorded", "approve": "awaiting_approval", "enforce": "pending"}
 DRAIN_CAUSES = {"gpu_hardware", "node_failure", "network", "straggler"}
+SCHEDULER_ACTIONS = frozenset({"drain", "requeue", "stop", "resume"})  # the ones that change Slurm
+# Evidence that a job has failed, not only shown a symptom: a fatal error, a stall.
+FAILURE_SIGNALS = frozenset({"app_error", "hang"})
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,8 @@ class Decision:
     guard: str | None = None
     mode: str = "monitor"
     state: str = "recorded"
+    # 0 for an incident's first decisions; a later revision supersedes the ones before it.
+    revision: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +78,7 @@ class PastAction:
     cause: str = ""
     # recovery_failed: whether the successor failed before writing its first checkpoint
     before_checkpoint: bool = False
+    incident: str = ""  # the incident that decided it ("" when unknown: a scenario's history)
 
 
 @dataclass
@@ -107,8 +120,46 @@ class GuardState:
         self.breaker_open = False
         self.breaker_reset_at = at
 
+    def without(self, incident: str) -> GuardState:
+        """A copy that forgets one incident's own actions: to try a revision of it."""
+        return GuardState(
+            history=[h for h in self.history if not (incident and h.incident == incident)],
+            breaker_open=self.breaker_open,
+            breaker_reset_at=self.breaker_reset_at,
+        )
 
-def plan(attr: Attribution, job: Job | None) -> list[tuple[str, str | None]]:
+    def adopt(self, trial: GuardState) -> None:
+        """Take a revision's guard state (its actions replace the incident's earlier ones)."""
+        self.history, self.breaker_open = trial.history, trial.breaker_open
+
+    def unknown_requeue(self, job: int, since: datetime) -> PastAction | None:
+        """The job's last requeue for a failure nobody could be blamed for, if any."""
+        found = [
+            h
+            for h in self.history
+            if h.action == "requeue" and h.job == job and h.cause == "unknown" and h.at >= since
+        ]
+        return max(found, key=lambda h: h.at) if found else None
+
+
+def job_ended(job: Job) -> bool:
+    return job.state not in ACTIVE_STATES and job.state != "PENDING"
+
+
+def job_failed(job: Job, evidence: Iterable[Evidence]) -> bool:
+    """Whether the job has failed: it ended, a rank logged a fatal error, or it stalled."""
+    return job_ended(job) or any(e.signal in FAILURE_SIGNALS and e.actionable for e in evidence)
+
+
+def first_failing(evidence: Iterable[Evidence]) -> Evidence | None:
+    """The evidence that started first and names a node: where the failure began."""
+    named = [e for e in evidence if e.actionable and e.node]
+    return min(named, key=lambda e: (e.starts_at, e.node or "")) if named else None
+
+
+def plan(
+    attr: Attribution, job: Job | None, evidence: Sequence[Evidence] = ()
+) -> list[tuple[str, str | None]]:
     """DESIGN.md's table: (action, guard) pairs before any guard has spoken."""
     actions: list[tuple[str, str | None]] = []
     if attr.cause in DRAIN_CAUSES and attr.nodes:
@@ -122,8 +173,13 @@ def plan(attr: Attribution, job: Job | None) -> list[tuple[str, str | None]]:
     if attr.cause in DRAIN_CAUSES or attr.cause == "hang":
         actions.append(("requeue", None))
     elif attr.cause == "application":
+        if not job_failed(job, evidence):
+            # A symptom on a job that keeps training: leave it alone, tell people.
+            return [("none", "job_running"), ("escalate", "job_running")]
         retry = job.options().get("retry_application") is True
         actions.append(("requeue", None) if retry else ("stop", None))
+    elif attr.cause == "unknown" and job_ended(job) and not job.ended_on_purpose:
+        actions.append(("requeue", "unknown_once"))
     else:
         actions.append(("escalate", None))
     return actions
@@ -151,8 +207,20 @@ def decide(
     )
     out: list[Decision] = []
     in_scope = _in_scope(policy, job.partition if job else None)
-    for action, _ in plan(attr, job):
-        if action == "drain":
+    for action, rule in plan(attr, job, evidence):
+        if rule == "job_running" and job is not None:
+            why = (
+                f"job {job.id} keeps running: an application's GPU error is a symptom, not a "
+                f"failure; nothing is done until the job fails, and its owner should look. "
+            )
+            out.append(replace(base, action=action, guard=rule, reason=why + attr.reason))
+        elif rule == "unknown_once" and job is not None:
+            if not in_scope:
+                why = f"job {job.id} is outside the policy's partitions"
+                out.append(_refuse(base, "out_of_scope", why, attr))
+            else:
+                out += _requeue_unknown(base, attr, job, evidence, policy, guards, now)
+        elif action == "drain":
             out.append(_drain(base, attr, view, policy, guards, now))
         elif action in ("requeue", "stop") and job is not None:
             if not in_scope:
@@ -215,7 +283,9 @@ def _drain(
             reason=f"Draining {names(nodes)} would pass the breaker's {limit} node(s) per "
             f"{int(policy.breaker.window.total_seconds())}s; a human must look. {attr.reason}",
         )
-    guards.history.append(PastAction(at=now, action="drain", nodes=nodes, cause=attr.cause))
+    guards.history.append(
+        PastAction(at=now, action="drain", nodes=nodes, cause=attr.cause, incident=base.incident)
+    )
     return replace(base, action="drain", nodes=nodes)
 
 
@@ -257,8 +327,58 @@ def _requeue(
             f"{int(policy.retry_budget.window.total_seconds())}s (budget {budget}); {attr.reason}"
         )
         return _give_up(base, "retry_budget_exhausted", why)
-    guards.history.append(PastAction(at=now, action="requeue", job=job.id, exclude=attr.nodes))
+    guards.history.append(
+        PastAction(
+            at=now,
+            action="requeue",
+            job=job.id,
+            exclude=attr.nodes,
+            cause=attr.cause,
+            incident=base.incident,
+        )
+    )
     return [replace(base, action="requeue", exclude=attr.nodes)]
+
+
+def _requeue_unknown(
+    base: Decision,
+    attr: Attribution,
+    job: Job,
+    evidence: list[Evidence],
+    policy: Policy,
+    guards: GuardState,
+    now: datetime,
+) -> list[Decision]:
+    """A job that died with nobody to blame: requeue it once, noting where it failed first;
+    the same again goes to a human, naming the node when it failed first there again."""
+    first = first_failing(evidence)
+    where = (
+        f"it failed first on {first.node} ({first.alertname} at "
+        f"{first.starts_at.astimezone(UTC):%H:%M:%SZ})"
+        if first is not None
+        else "no rank named where it failed first"
+    )
+    earlier = guards.unknown_requeue(job.id, now - policy.retry_budget.window)
+    if earlier is not None:
+        node = first.node if first is not None else None
+        nodes = (node,) if node and node in earlier.nodes else ()
+        why = (
+            f"job {job.id} died again with nobody to blame after a requeue at "
+            f"{earlier.at.astimezone(UTC):%H:%M:%SZ}; {where}"
+            + (f", where the last failure began too: {node} is implicated" if nodes else "")
+            + f"; a human must look. {attr.reason}"
+        )
+        return [replace(base, action="escalate", nodes=nodes, guard="repeated_failure", reason=why)]
+    base = replace(
+        base,
+        reason=f"job {job.id} ended with nobody to blame; {where}: requeued once. {attr.reason}",
+    )
+    made = _requeue(base, attr, job, policy, guards, now)
+    if first is not None and first.node and made[0].action == "requeue":
+        # Remember where it failed first (PastAction.nodes of a requeue), for the next time.
+        last = guards.history[-1]
+        guards.history[-1] = replace(last, nodes=(first.node,), cause="unknown")
+    return made
 
 
 def _refuse(base: Decision, guard: str, why: str, attr: Attribution) -> Decision:
@@ -287,5 +407,5 @@ def _one_per_action(decisions: list[Decision]) -> list[Decision]:
 def with_mode(d: Decision, policy: Policy) -> Decision:
     """The decision in the mode the policy gives its action, and the state that mode starts in."""
     mode = policy.mode_of(d.action)
-    state = "recorded" if d.action == "none" else STATE_OF_MODE[mode]
+    state = "recorded" if d.action == "none" else INITIAL[mode]
     return replace(d, mode=mode, state=state)

@@ -76,6 +76,11 @@ class Policy(_Strict):
     actions: dict[Action, Mode] = {}
     scope: Scope = Scope()
     settle_seconds: float = Field(default=20, ge=0)
+    # The longest an incident that can only say "stalled" (a hang signal, NCCL timeouts, no node
+    # named) waits for evidence that names a node, from when it opened: PyTorch's default
+    # collective timeout (10 min) and a minute for the alert to get here. With hang_after close
+    # to the collective timeout, (timeout - hang_after) plus a minute is enough.
+    hang_wait: Duration = timedelta(minutes=11)
     retry_budget: RetryBudget = RetryBudget()
     breaker: Breaker = Breaker()
     shared_cause: SharedCause = SharedCause()

@@ -24,10 +24,10 @@ from typing import Literal
 
 from webhook.core.cluster import ACTIVE_STATES, ENDED_STATES, Job
 from webhook.core.decisions import Decision, GuardState, with_mode
+from webhook.core.incidents import IncidentKey
 from webhook.core.policy import Policy, Verify
 
 State = Literal["watching", "recovered", "failed", "unverified"]
-VERIFY = "verify:"  # the incident prefix of the verifier's own decisions
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ def on_failure(
     decisions = [
         Decision(
             at=now,
-            incident=f"{VERIFY}{watch.incident}",
+            incident=str(IncidentKey.verifying(watch.job, watch.attempt)),
             job=watch.job,
             action="escalate",
             cause=watch.cause,
@@ -225,7 +225,7 @@ def on_failure(
             Decision(
                 at=now,
                 # The attempt that runs (or waits) now is the one to stop.
-                incident=f"{VERIFY}{job.attempt}",
+                incident=str(IncidentKey.verifying(job.id, job.restarts)),
                 job=watch.job,
                 action="stop",
                 cause=watch.cause,

@@ -25,6 +25,8 @@ from typing import Any
 from pydantic import ValidationError
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
+from webhook.core.incidents import attempt_of
+from webhook.core.lifecycle import IllegalTransition
 from webhook.executor.diagnostics import keep
 from webhook.executor.runner import INVENTORY, RunResult, run_playbook
 from webhook.ledger.schema import DecisionRow
@@ -42,7 +44,7 @@ TRANSIENT = re.compile(
 
 def playbook_for(row: DecisionRow) -> tuple[str, dict[str, Any]] | None:
     """The playbook and extra vars that carry out a decision (None: nothing to run)."""
-    attempt = int(row.incident.rsplit(".", 1)[1]) if row.job is not None else 0
+    attempt = attempt_of(row.incident) if row.job is not None else 0
     if row.action == "drain":
         reason = f"slurmedic: {row.incident} {row.cause}"
         return "drain_nodes", {"slurmedic_nodes": row.nodes, "slurmedic_reason": reason}
@@ -111,11 +113,10 @@ class Dispatcher:
                 # A requeue must not send the job back to a node still in service (a failed
                 # dry run changed nothing: the requeue's own dry run still shows its commands).
                 for later in rows[rows.index(row) + 1 :]:
-                    self.ledger.add_event(
-                        later.id,
+                    self._move(
+                        later,
                         "failed",
                         {"by": "executor", "error": f"drain (decision {row.id}) failed first"},
-                        self.clock(),
                     )
                 break
         # After the requeue, and on workers of their own: an unreachable node or a hanging
@@ -161,6 +162,16 @@ class Dispatcher:
         failed = [d.id for d in drains if d.state == "failed"]
         return f"drain (decision {failed[0]}) failed first" if failed else None
 
+    def _move(self, row: DecisionRow, state: str, detail: dict[str, Any]) -> bool:
+        """Record a state change; False when the lifecycle refuses it (the decision was
+        superseded, or another step moved it first)."""
+        try:
+            self.ledger.add_event(row.id, state, detail, self.clock())
+        except IllegalTransition as e:
+            log.info("decision %s not moved to %s: %s", row.id, state, e)
+            return False
+        return True
+
     def _run_one(self, row: DecisionRow) -> bool:
         target = playbook_for(row)
         monitor = row.mode == "monitor" or self.force_monitor()
@@ -169,30 +180,25 @@ class Dispatcher:
             if blocked == "wait":
                 return True  # picked up again once the drain is decided and done
             if blocked is not None:
-                self.ledger.add_event(
-                    row.id, "failed", {"by": "executor", "error": blocked}, self.clock()
-                )
+                self._move(row, "failed", {"by": "executor", "error": blocked})
                 return False
         if target is None:  # escalate / none: nothing to run
-            self.ledger.add_event(
-                row.id,
+            self._move(
+                row,
                 "recorded" if monitor or row.mode != "enforce" else "executed",
                 {"by": "executor", "note": "no scheduler action"},
-                self.clock(),
             )
             return True
         name, evars = target
         evars = {**evars, "slurmedic_slurm_env": self.slurm_env}
-        if not monitor:
-            self.ledger.add_event(
-                row.id, "running", {"by": "executor", "playbook": name}, self.clock()
-            )
+        if not monitor and not self._move(row, "running", {"by": "executor", "playbook": name}):
+            return True  # superseded before it ran: nothing to do, nothing failed
+        if monitor and self._current(row) not in ("recorded", "pending", "approved"):
+            return True  # superseded (or moved on) before its dry run
         try:
             result = self._run(name, evars, check=monitor)
         except ValidationError as e:
-            self.ledger.add_event(
-                row.id, "failed", {"by": "executor", "error": str(e)[:500]}, self.clock()
-            )
+            self._move(row, "failed", {"by": "executor", "error": str(e)[:500]})
             return False
         if monitor:
             state = "recorded"
@@ -202,9 +208,13 @@ class Dispatcher:
         else:
             state = "executed" if result.ok else "failed"
             note = {"by": "executor", "run": result.summary()}
-        self.ledger.add_event(row.id, state, note, self.clock())
+        self._move(row, state, note)
         log.info("decision %s %s %s: %s", row.id, row.action, state, "; ".join(result.commands))
         return result.ok
+
+    def _current(self, row: DecisionRow) -> str:
+        found = self.ledger.decision(row.id)
+        return found[0].state if found else ""
 
     def _run(self, name: str, evars: dict[str, Any], *, check: bool) -> RunResult:
         def transient(r: RunResult) -> bool:

@@ -14,8 +14,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from webhook.core.alerts import Alert, Payload
-from webhook.core.decisions import Decision, PastAction
+from webhook.core.decisions import SCHEDULER_ACTIONS, Decision, PastAction
 from webhook.core.engine import Incident
+from webhook.core.incidents import BadIncidentKey, IncidentKey
+from webhook.core.lifecycle import CARRIED_OUT, NOTE, OPEN, check
 from webhook.core.recovery import FailurePoint, Verdict, Watch
 from webhook.ledger.schema import (
     AlertRow,
@@ -132,8 +134,15 @@ class Ledger:
         incidents: Sequence[Incident] = (),
         detail: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Decisions, their first state and the incidents they decide, in one transaction."""
+        """Decisions, their first state and the incidents they decide, in one transaction.
+
+        A revision (`Decision.revision` > 0) supersedes its incident's decisions that were not
+        carried out yet; where one was (it ran, or runs), the revision's decision for the same
+        action is not recorded: the action happened, and later evidence does not undo it."""
         with self.session.begin() as s:
+            revised = {d.incident for d in decisions if d.revision}
+            skip = {k: self._supersede(s, k, decisions, detail) for k in revised}
+            decisions = [d for d in decisions if d.action not in skip.get(d.incident, set())]
             for inc in incidents:
                 s.merge(
                     IncidentRow(
@@ -151,12 +160,64 @@ class Ledger:
             ids = _insert_decisions(s, decisions, detail or {"by": "engine"})
         return ids
 
+    @staticmethod
+    def _supersede(
+        s: Session, incident: str, decisions: Sequence[Decision], detail: dict[str, Any] | None
+    ) -> set[str]:
+        """Mark the incident's open decisions superseded by this revision; the actions that
+        were carried out already (the revision does not repeat them)."""
+        new = [d for d in decisions if d.incident == incident]
+        why = "; ".join(
+            f"{d.action} {','.join(d.nodes or d.exclude) or '-'} ({d.cause}): {d.reason}"
+            for d in new
+        )[:2000]
+        done: set[str] = set()
+        rows = s.scalars(
+            select(DecisionRow)
+            .where(DecisionRow.incident == incident, DecisionRow.state != "superseded")
+            .with_for_update()
+        ).all()
+        for row in rows:
+            if row.state in OPEN:
+                row.state = "superseded"
+                s.add(
+                    DecisionEvent(
+                        decision_id=row.id,
+                        at=new[0].at,
+                        state="superseded",
+                        detail={**(detail or {"by": "engine"}), "superseded_by": why},
+                    )
+                )
+            elif row.state in CARRIED_OUT:
+                done.add(row.action)
+        return done
+
+    def carried_out(self, incidents: Sequence[str]) -> set[str]:
+        """Those of the incidents one of whose scheduler actions ran or runs: later evidence
+        does not revise them."""
+        if not incidents:
+            return set()
+        with self.session() as s:
+            return set(
+                s.scalars(
+                    select(DecisionRow.incident).where(
+                        DecisionRow.incident.in_(list(incidents)),
+                        DecisionRow.action.in_(SCHEDULER_ACTIONS),
+                        DecisionRow.state.in_(CARRIED_OUT),
+                    )
+                ).all()
+            )
+
     def add_event(self, decision_id: int, state: str, detail: dict[str, Any], at: datetime) -> None:
-        """Append a state change (the decision row keeps the latest state, for queries)."""
+        """Append a state change (the decision row keeps the latest state, for queries).
+
+        The move must be one the lifecycle allows (IllegalTransition otherwise); the row is
+        locked for it, so two writers cannot both move a decision out of the same state."""
         with self.session.begin() as s:
-            row = s.get(DecisionRow, decision_id)
+            row = s.get(DecisionRow, decision_id, with_for_update=True)
             if row is None:
                 raise KeyError(decision_id)
+            check(row.state, state)
             row.state = state
             s.add(DecisionEvent(decision_id=decision_id, at=at, state=state, detail=detail))
 
@@ -217,6 +278,57 @@ class Ledger:
         with self.session() as s:
             keys = set(s.scalars(select(IncidentRow.key)).all())
             return keys | set(s.scalars(select(DecisionRow.incident).distinct()).all())
+
+    def restore_incidents(self, since: datetime) -> list[Incident]:
+        """The engine's incidents as the ledger holds them, for a restart: decided when, from
+        which evidence, with which decisions in force, and whether one was carried out.
+        Incidents decided before `since` come back closed (only their keys matter: a node's
+        next failure must get the next key)."""
+        out = []
+        with self.session() as s:
+            rows = {r.key: r for r in s.scalars(select(IncidentRow)).all()}
+            standing: dict[str, list[DecisionRow]] = {}
+            for d in s.scalars(
+                select(DecisionRow)
+                .where(DecisionRow.state != "superseded")
+                .order_by(DecisionRow.id)
+            ).all():
+                standing.setdefault(d.incident, []).append(d)
+        for key in sorted(rows.keys() | standing.keys()):
+            try:
+                parsed = IncidentKey.parse(key)
+            except BadIncidentKey:
+                continue
+            row, ds = rows.get(key), standing.get(key, [])
+            decided_at = _utc(row.decided_at) if row else max(_utc(d.at) for d in ds)
+            opened_at = _utc(row.opened_at) if row else decided_at
+            known = set()
+            for e in row.evidence if row else []:
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    at = datetime.fromisoformat(str(e["startsAt"]).replace("Z", "+00:00"))
+                    known.add((str(e["fingerprint"]), at))
+            # Carried out, or counted so (monitor and enforce ones: see the engine).
+            carried = any(
+                d.action in SCHEDULER_ACTIONS and (d.state in CARRIED_OUT or d.mode != "approve")
+                for d in ds
+            )
+            # Only the engine's own incidents are revised, and only recent ones.
+            ours = parsed.kind in ("attempt", "node")
+            out.append(
+                Incident(
+                    key=key,
+                    job=parsed.job if parsed.kind == "attempt" else None,
+                    node=parsed.node,
+                    opened_at=opened_at,
+                    decided=True,
+                    decided_at=decided_at,
+                    standing=[_decision(d) for d in ds],
+                    known=known,
+                    closed=carried or not ours or decided_at < since,
+                    until_job_ends=any(d.guard == "job_running" for d in ds),
+                )
+            )
+        return out
 
     # ---- recoveries ------------------------------------------------------------------------
     def unwatched_requeues(
@@ -316,7 +428,11 @@ class Ledger:
             ):
                 assert rec.decided_at is not None
                 yield PastAction(at=_utc(rec.decided_at), action="recovered", job=rec.job)
-            for r in s.scalars(select(DecisionRow).where(DecisionRow.at >= since)):
+            for r in s.scalars(
+                select(DecisionRow).where(
+                    DecisionRow.at >= since, DecisionRow.state != "superseded"
+                )
+            ):
                 if r.guard == "recovery_failed" and r.action == "escalate":
                     first = r.evidence[0] if r.evidence else {}
                     if not first.get("charged"):
@@ -329,17 +445,48 @@ class Ledger:
                         before_checkpoint=bool(first.get("before_checkpoint")),
                     )
                 elif r.guard is None:
+                    nodes = tuple(r.nodes)
+                    if r.action == "requeue" and r.cause == "unknown":
+                        # Where the failure nobody could be blamed for began: its next time there
+                        # implicates that node.
+                        nodes = first_node(r.evidence)
                     yield PastAction(
                         at=_utc(r.at),
                         action=r.action,
                         job=r.job,
-                        nodes=tuple(r.nodes),
+                        nodes=nodes,
                         exclude=tuple(r.exclude),
                         cause=r.cause,
+                        incident=r.incident,
                     )
 
 
-NOTE = "note"  # an event that records something about a decision without changing its state
+def _decision(r: DecisionRow) -> Decision:
+    return Decision(
+        at=_utc(r.at),
+        incident=r.incident,
+        job=r.job,
+        action=r.action,
+        cause=r.cause,
+        reason=r.reason,
+        nodes=tuple(r.nodes),
+        exclude=tuple(r.exclude),
+        evidence=tuple(r.evidence),
+        guard=r.guard,
+        mode=r.mode,
+        state=r.state,
+    )
+
+
+def first_node(evidence: list[Any]) -> tuple[str, ...]:
+    """The node of the evidence that started first, as a decision's records hold it."""
+    named = []
+    for e in evidence:
+        with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+            if e.get("node"):
+                at = datetime.fromisoformat(str(e["startsAt"]).replace("Z", "+00:00"))
+                named.append((at, str(e["node"])))
+    return (min(named)[1],) if named else ()
 
 
 def _insert_decisions(

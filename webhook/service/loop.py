@@ -17,7 +17,7 @@ from webhook.adapters.slurm import SlurmError
 from webhook.core.alerts import wrap
 from webhook.core.cluster import ClusterView, eligible
 from webhook.core.decisions import Decision
-from webhook.core.engine import Engine, Incident
+from webhook.core.engine import Engine
 from webhook.core.policy import Policy
 from webhook.executor.dispatch import Dispatcher
 from webhook.ledger.store import Ledger
@@ -60,10 +60,9 @@ class LiveLoop:
         self.engine.guards.breaker_open = bool(breaker.get("open"))
         if breaker.get("reset_at"):
             self.engine.guards.breaker_reset_at = datetime.fromisoformat(breaker["reset_at"])
-        for key in ledger.decided_incidents():
-            self.engine.incidents[key] = Incident(
-                key=key, job=None, node=None, opened_at=now, decided=True
-            )
+        # What was decided, from which evidence, and what was carried out: a restart neither
+        # decides an incident twice nor takes a node's next failure for its last one.
+        self.engine.restore(ledger.restore_incidents(since=now - REPLAY_HORIZON))
         # Alerts are judged against the cluster: without a view yet, wait for one.
         self.caught_up = False
         if view is not None and view.nodes:
@@ -99,7 +98,7 @@ class LiveLoop:
         if time.monotonic() - self.view_at >= self.refresh_seconds:
             view = self._view()
             if view is not None:
-                self.engine.update_view(view)
+                self.engine.update_view(view, self.clock())
                 self._publish_nodes()
         if not self.caught_up:
             if not self.engine.view.nodes:
@@ -108,6 +107,8 @@ class LiveLoop:
         while self._feed():
             pass
         self._sync_breaker()
+        # A decision carried out meanwhile is not revised: what arrives now is its consequence.
+        self.engine.close(self.ledger.carried_out(self.engine.revisable()))
         was_open = self.engine.guards.breaker_open
         decisions = self.engine.tick(self.clock())
         if self.engine.guards.breaker_open and not was_open:

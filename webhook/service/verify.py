@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from webhook.adapters.prometheus import Prometheus, PrometheusError
 from webhook.core.cluster import ClusterView
 from webhook.core.decisions import Decision, GuardState, PastAction
+from webhook.core.incidents import attempt_of
 from webhook.core.policy import Policy
 from webhook.core.recovery import RankProgress, Watch, failure_point, judge, on_failure
 from webhook.ledger.store import Ledger
@@ -58,7 +59,7 @@ class Verifier:
         for row, fault_at, began, requeued_at in self.ledger.unwatched_requeues(since):
             if row.job is None:
                 continue
-            attempt = int(row.incident.rsplit(".", 1)[1])
+            attempt = attempt_of(row.incident)
             try:
                 # How far the failed attempt got: its ranks' last pushes before the requeue ran
                 # (a fault does not always stop training at once; the work done until then is

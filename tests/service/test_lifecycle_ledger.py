@@ -1,0 +1,90 @@
+"""The decision lifecycle as the ledger enforces it: every move of the table is accepted, every
+other one refused (and nothing written); a revision supersedes what was not carried out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from webhook.core.decisions import Decision
+from webhook.core.lifecycle import STATES, TRANSITIONS, IllegalTransition
+from webhook.ledger.store import Ledger
+
+T = datetime(2026, 12, 9, 12, 0, tzinfo=UTC)
+
+
+def decision(action: str = "requeue", state: str = "pending", **kw: object) -> Decision:
+    base = dict(
+        at=T, incident="3102.0", job=3102, action=action, cause="hang", reason="stalled",
+        mode="enforce", state=state,
+    )
+    base.update(kw)
+    return Decision(**base)  # type: ignore[arg-type]
+
+
+def at_state(ledger: Ledger, state: str) -> int:
+    """A decision brought to `state` through legal moves only."""
+    path = {
+        "recorded": ["recorded"],
+        "awaiting_approval": ["awaiting_approval"],
+        "pending": ["pending"],
+        "approved": ["awaiting_approval", "approved"],
+        "running": ["pending", "running"],
+        "executed": ["pending", "running", "executed"],
+        "failed": ["pending", "running", "failed"],
+        "rejected": ["awaiting_approval", "rejected"],
+        "superseded": ["pending", "superseded"],
+    }[state]
+    (i,) = ledger.record([decision(state=path[0])])
+    for s in path[1:]:
+        ledger.add_event(i, s, {"by": "test"}, T)
+    return i
+
+
+@pytest.mark.parametrize("current", sorted(STATES))
+def test_the_ledger_allows_exactly_the_table_s_moves(tmp_path: Path, current: str) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    for new in sorted(STATES):
+        i = at_state(ledger, current)
+        if new in TRANSITIONS[current]:
+            ledger.add_event(i, new, {"by": "test"}, T)
+            assert ledger.decision(i)[0].state == new  # type: ignore[index]
+        else:
+            events = len(ledger.decision(i)[1])  # type: ignore[index]
+            with pytest.raises(IllegalTransition):
+                ledger.add_event(i, new, {"by": "test"}, T)
+            row, after = ledger.decision(i)  # type: ignore[misc]
+            assert row.state == current and len(after) == events
+
+
+def test_a_revision_supersedes_what_waits_and_keeps_what_ran(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    first = ledger.record(
+        [
+            decision("drain", "awaiting_approval", nodes=("gpu01",), cause="node_failure"),
+            decision("requeue", "awaiting_approval", exclude=("gpu01",), cause="node_failure"),
+        ]
+    )
+    # The drain was approved and carried out; the requeue still waits.
+    ledger.add_event(first[0], "approved", {"by": "ana"}, T)
+    ledger.add_event(first[0], "running", {"by": "executor"}, T)
+    ledger.add_event(first[0], "executed", {"by": "executor"}, T)
+    later = T + timedelta(minutes=3)
+    revision = [
+        decision("drain", "awaiting_approval", nodes=("gpu01", "gpu03"), at=later, revision=1),
+        decision("requeue", "awaiting_approval", exclude=("gpu01", "gpu03"), at=later, revision=1),
+    ]
+    new = ledger.record(revision)
+    states = {r.id: (r.action, r.state) for r in ledger.incident_decisions("3102.0")}
+    assert states[first[0]] == ("drain", "executed")
+    assert states[first[1]] == ("requeue", "superseded")
+    # The drain ran already: the revision's drain is not recorded; its requeue is.
+    assert [states[i] for i in new] == [("requeue", "awaiting_approval")]
+    _, events = ledger.decision(first[1])  # type: ignore[misc]
+    assert events[-1].state == "superseded"
+    assert "gpu03" in events[-1].detail["superseded_by"]
+    assert ledger.carried_out(["3102.0", "9.0"]) == {"3102.0"}
+    # A superseded decision is no history: it never happened.
+    assert [h.action for h in ledger.history(T - timedelta(hours=1))] == ["drain", "requeue"]

@@ -1,0 +1,146 @@
+"""The live loop with its ledger (no Slurm) across restarts: an idle node that fails again and
+again is drained every time, and a hang decided before the evidence that names a node is
+revised by it, also after a restart; a decision carried out is not revised."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from webhook.core.alerts import Payload
+from webhook.core.cluster import ClusterView, Job, Node
+from webhook.core.policy import Policy, load_policy
+from webhook.executor.runner import DrainVars
+from webhook.ledger.store import Ledger
+from webhook.service.loop import LiveLoop
+
+T0 = datetime(2026, 12, 9, 12, 0, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def cluster() -> ClusterView:
+    v = ClusterView()
+    for i in range(1, 9):
+        v.nodes[f"gpu0{i}"] = Node(f"gpu0{i}", "train")
+    v.set_job(
+        Job(
+            id=42,
+            nodes=("gpu01", "gpu02", "gpu03", "gpu04"),
+            partition="train",
+            started=T0 - timedelta(hours=2),
+        )
+    )
+    return v
+
+
+def deliver(ledger: Ledger, at: datetime, *alerts: dict[str, Any]) -> None:
+    raw = {"status": "firing", "alerts": [{"status": "firing", **a} for a in alerts]}
+    ledger.store(raw, Payload.model_validate(raw), at)
+
+
+def xid79(node: str, starts: datetime) -> dict[str, Any]:
+    labels = {"alertname": "GpuXidNodeFault", "signal": "gpu_hw", "node": node, "xid": "79"}
+    return {"startsAt": starts.isoformat(), "labels": labels}
+
+
+def loop(ledger: Ledger, policy: Policy, clock: Clock) -> LiveLoop:
+    return LiveLoop(ledger, policy, cluster, clock=clock, refresh_seconds=0)
+
+
+def test_an_idle_node_is_drained_at_each_failure_across_restarts(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5})
+    clock = Clock()
+    keys = []
+    for n in range(3):
+        starts = T0 + timedelta(hours=n)
+        clock.now = starts + timedelta(seconds=2)
+        deliver(ledger, clock.now, xid79("gpu07", starts))
+        # The first failure's alert again (repeat_interval), also after the restart.
+        deliver(ledger, clock.now, xid79("gpu07", T0))
+        live = loop(ledger, policy, clock)  # a restart before every failure
+        clock.now += timedelta(seconds=10)
+        made = live.step()
+        assert [(d.action, d.nodes) for d in made] == [("drain", ("gpu07",))], made
+        keys.append(made[0].incident)
+        DrainVars(slurmedic_nodes=["gpu07"], slurmedic_reason=f"slurmedic: {keys[-1]} gpu_hardware")
+    assert keys == ["node:gpu07", "node:gpu07:2", "node:gpu07:3"]
+    assert [r.state for r in ledger.decisions()] == ["recorded"] * 3
+
+
+def hang_then_timeouts(ledger: Ledger, clock: Clock, *, restart: bool, carried_out: bool) -> list:
+    policy = load_policy({"mode": "approve", "settle_seconds": 5, "hang_wait": "60s"})
+    live = loop(ledger, policy, clock)
+    deliver(
+        ledger,
+        clock.now,
+        {
+            "startsAt": T0.isoformat(),
+            "labels": {"alertname": "TrainingHang", "signal": "hang", "slurm_job_id": "42"},
+        },
+    )
+    clock.now = T0 + timedelta(seconds=30)
+    assert live.step() == []  # all it can say is "stalled": it waits
+    clock.now = T0 + timedelta(seconds=61)
+    first = live.step()
+    assert [(d.action, d.cause, d.exclude) for d in first] == [("requeue", "hang", ())]
+    if carried_out:
+        (row,) = ledger.incident_decisions("42.0")
+        for state in ("approved", "running", "executed"):
+            ledger.add_event(row.id, state, {"by": "test"}, clock.now)
+    if restart:
+        live = loop(ledger, policy, clock)
+    clock.now = T0 + timedelta(seconds=90)
+    deliver(
+        ledger,
+        clock.now,
+        *[
+            {
+                "startsAt": (T0 + timedelta(seconds=80)).isoformat(),
+                "labels": {
+                    "alertname": "TrainingNcclTimeout",
+                    "signal": "nccl_timeout",
+                    "node": n,
+                    "slurm_job_id": "42",
+                },
+            }
+            for n in ("gpu01", "gpu02", "gpu04")
+        ],
+    )
+    live.step()
+    clock.now = T0 + timedelta(seconds=100)
+    return live.step()
+
+
+def test_evidence_that_names_the_node_supersedes_a_hang_decision(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    revised = hang_then_timeouts(ledger, Clock(), restart=True, carried_out=False)
+    assert sorted((d.action, d.nodes, d.exclude, d.revision) for d in revised) == [
+        ("drain", ("gpu03",), (), 1),
+        ("requeue", (), ("gpu03",), 1),
+    ]
+    rows = ledger.incident_decisions("42.0")
+    assert [(r.action, r.state, tuple(r.exclude)) for r in rows] == [
+        ("requeue", "superseded", ()),
+        ("drain", "awaiting_approval", ()),
+        ("requeue", "awaiting_approval", ("gpu03",)),
+    ]
+    assert "supersedes requeue (hang)" in rows[2].reason
+    _, events = ledger.decision(rows[0].id)  # type: ignore[misc]
+    assert "gpu03" in events[-1].detail["superseded_by"]
+
+
+def test_a_decision_carried_out_is_not_revised(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    assert hang_then_timeouts(ledger, Clock(), restart=True, carried_out=True) == []
+    assert [(r.action, r.state) for r in ledger.incident_decisions("42.0")] == [
+        ("requeue", "executed")
+    ]

@@ -1,0 +1,108 @@
+"""Incident keys: the one definition of what an incident is called, in the ledger and in Slurm.
+
+An incident is one failure of one job attempt (`1001.0`: job 1001, restart count 0), the n-th
+failure of an idle node (`node:gpu02`, then `node:gpu02:2`, ...), the verifier's judgement of a
+requeued attempt (`verify:1001.0`), or a human's return of nodes to service (`resume:gpu[01-02]`).
+The key reaches Slurm in a drain reason (`slurmedic: node:gpu02:2 gpu_hardware`), so every key
+is made of characters a reason may hold: letters, digits and `:._-[],`.
+
+Every consumer (engine, executor, verifier, CLI) builds and reads keys here; nothing else splits
+them. Ledgers written before this module may hold `node:gpu02#2`: it is read as `node:gpu02:2`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import hostlist
+
+from webhook.core.cluster import NODE_NAME
+
+Kind = Literal["attempt", "node", "verify", "resume"]
+# Characters any key is made of: what a drain reason may carry to Slurm.
+KEY_CHARS = r"A-Za-z0-9:._\[\],-"
+KEY = re.compile(rf"^[{KEY_CHARS}]{{1,64}}$")
+_ATTEMPT = re.compile(r"^(\d{1,10})\.(\d{1,6})$")
+_NODE = re.compile(r"^node:([A-Za-z0-9][A-Za-z0-9._-]{0,63}?)(?:[:#](\d{1,6}))?$")
+MAX_LEN = 64
+VERIFY = "verify:"  # the prefix of the verifier's keys (the ledger selects them by it)
+
+
+class BadIncidentKey(ValueError):
+    """A string that is no incident key."""
+
+
+@dataclass(frozen=True)
+class IncidentKey:
+    kind: Kind
+    job: int | None = None
+    attempt: int | None = None
+    node: str | None = None
+    seq: int = 1  # the n-th failure of an idle node
+    nodes: tuple[str, ...] = ()  # resume
+
+    # ---- constructors ------------------------------------------------------------------
+    @classmethod
+    def of_attempt(cls, job: int, attempt: int) -> IncidentKey:
+        return cls("attempt", job=job, attempt=attempt)
+
+    @classmethod
+    def of_node(cls, node: str, seq: int = 1) -> IncidentKey:
+        if not NODE_NAME.match(node):
+            raise BadIncidentKey(f"{node[:80]!r} is not a node name")
+        return cls("node", node=node, seq=seq)
+
+    @classmethod
+    def verifying(cls, job: int, attempt: int) -> IncidentKey:
+        return cls("verify", job=job, attempt=attempt)
+
+    @classmethod
+    def resuming(cls, nodes: tuple[str, ...]) -> IncidentKey:
+        return cls("resume", nodes=tuple(sorted(set(nodes))))
+
+    # ---- encode / decode ---------------------------------------------------------------
+    def __str__(self) -> str:
+        if self.kind == "attempt":
+            return f"{self.job}.{self.attempt}"
+        if self.kind == "verify":
+            return f"{VERIFY}{self.job}.{self.attempt}"
+        if self.kind == "node":
+            return f"node:{self.node}" if self.seq == 1 else f"node:{self.node}:{self.seq}"
+        key = f"resume:{hostlist.collect_hostlist(list(self.nodes))}"
+        # A long list of unrelated names: the key names the first and how many more.
+        return key if len(key) <= MAX_LEN else f"resume:{self.nodes[0]},+{len(self.nodes) - 1}"
+
+    @classmethod
+    def parse(cls, text: str) -> IncidentKey:
+        if m := _ATTEMPT.match(text):
+            return cls.of_attempt(int(m[1]), int(m[2]))
+        if text.startswith(VERIFY) and (m := _ATTEMPT.match(text.removeprefix(VERIFY))):
+            return cls.verifying(int(m[1]), int(m[2]))
+        if m := _NODE.match(text):
+            return cls.of_node(m[1], int(m[2] or 1))
+        if text.startswith("resume:"):
+            rest = text.removeprefix("resume:")
+            try:
+                nodes = hostlist.expand_hostlist(rest.split(",+")[0])
+            except hostlist.BadHostlist as e:
+                raise BadIncidentKey(f"{text[:80]!r} is not an incident key") from e
+            return cls.resuming(tuple(nodes))
+        raise BadIncidentKey(f"{text[:80]!r} is not an incident key")
+
+    @property
+    def is_job(self) -> bool:
+        """Whether the key names a job attempt (its own, or the verifier's of it)."""
+        return self.kind in ("attempt", "verify")
+
+    def next_failure(self) -> IncidentKey:
+        """The key of the node's next failure (node incidents only)."""
+        assert self.kind == "node" and self.node is not None
+        return IncidentKey.of_node(self.node, self.seq + 1)
+
+
+def attempt_of(text: str) -> int:
+    """The restart count an incident key names (0 for keys of no job)."""
+    key = IncidentKey.parse(text)
+    return key.attempt if key.attempt is not None else 0
