@@ -34,10 +34,10 @@ if [ $# -gt 0 ]; then
   exec pytest "$@"
 fi
 # The whole suite on the first stack; the lab tests (real Slurm, Prometheus, Alertmanager,
-# mtail) and the mtail program's tests on the others.
+# mtail) and the mtail program's tests (the lab's lines and the corpus of real ones) on the others.
 SLURMEDIC_LAB_STACK="${STACKS[0]}" pytest
 for stack in "${STACKS[@]:1}"; do
   echo "== pytest: lab tests and the mtail program on the $stack stack"
   SLURMEDIC_LAB_STACK="$stack" pytest -m lab
-  SLURMEDIC_LAB_STACK="$stack" pytest tests/unit/test_mtail_program.py
+  SLURMEDIC_LAB_STACK="$stack" pytest tests/unit/test_mtail_program.py tests/unit/test_joblog_corpus.py
 done

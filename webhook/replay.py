@@ -93,10 +93,12 @@ class ClusterSpec(_Model):
 class JobChange(_Model):
     id: int
     state: str | None = None
-    nodes: str | None = None
-    restarts: int | None = None
+    nodes: Hostlist | None = None
+    restarts: int | None = Field(default=None, ge=0)
     comment: str | None = None
     requeue: bool | None = None
+    started: datetime | None = None  # a requeued attempt's start
+    ended: datetime | None = None
 
 
 class ClusterChange(_Model):
@@ -204,11 +206,17 @@ def apply_change(view: ClusterView, change: ClusterChange, at: datetime) -> None
             )
     for jc in change.jobs:
         old_job = view.jobs.get(jc.id) or Job(id=jc.id, nodes=())
-        updates = {k: v for k, v in jc.model_dump(exclude={"id"}).items() if v is not None}
+        # The fields a change may set (other keys are left alone, as everywhere in the format).
+        known = set(JobChange.model_fields) - {"id"}
+        updates = {k: v for k, v in jc.model_dump(include=known).items() if v is not None}
         if "nodes" in updates:
             updates["nodes"] = tuple(_expand(updates["nodes"]))
         new_job = replace(old_job, **updates)
-        if new_job.state in ENDED_STATES and old_job.state not in ENDED_STATES:
+        if (
+            new_job.ended is None
+            and new_job.state in ENDED_STATES
+            and old_job.state not in ENDED_STATES
+        ):
             new_job = replace(new_job, ended=at)  # the scenario's clock says when it ended
         view.set_job(new_job)
 

@@ -17,8 +17,14 @@ T = datetime(2026, 12, 9, 12, 0, tzinfo=UTC)
 
 def decision(action: str = "requeue", state: str = "pending", **kw: object) -> Decision:
     base = dict(
-        at=T, incident="3102.0", job=3102, action=action, cause="hang", reason="stalled",
-        mode="enforce", state=state,
+        at=T,
+        incident="3102.0",
+        job=3102,
+        action=action,
+        cause="hang",
+        reason="stalled",
+        mode="enforce",
+        state=state,
     )
     base.update(kw)
     return Decision(**base)  # type: ignore[arg-type]

@@ -1,37 +1,17 @@
 """alert_rules/mtail/training.mtail, run by the real mtail (one-shot) over real-format log lines.
 
-The mtail is the one of the lab's stack (SLURMEDIC_LAB_STACK: the host's `mtail`, or the stack's
-through `slurmedic lab exec`, which sees the temporary directory), or the command named by
-SLURMEDIC_MTAIL (e.g. `SLURMEDIC_MTAIL=/path/to/mtail-3.2`).
+The mtail is the one of the lab's stack (SLURMEDIC_LAB_STACK), or the command named by
+SLURMEDIC_MTAIL: lab/mtail_oneshot.py. The real lines of every class are in
+tests/data/joblog/corpus.yaml (tests/unit/test_joblog_corpus.py); these are the lab's own.
 """
 
-import os
-import shlex
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from lab import stacks
-from lab.config import LabConfig
+from lab import mtail_oneshot
 
-PROGS = Path(__file__).resolve().parents[2] / "alert_rules" / "mtail"
-
-
-def _mtail() -> list[str]:
-    if os.environ.get("SLURMEDIC_MTAIL"):
-        return shlex.split(os.environ["SLURMEDIC_MTAIL"])
-    stack = LabConfig(run_dir=Path(tempfile.gettempdir())).stack
-    if stacks.get(stack).is_host:
-        return ["mtail"]
-    return [sys.executable, "-m", "webhook.cli", "lab", "exec", stack, "mtail"]
-
-
-MTAIL = _mtail()
 STAMP = "[rank{r}]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629]"
 
 LINES = {
@@ -72,31 +52,7 @@ def run_mtail(
     logs.mkdir()
     for name, lines in files.items():
         (logs / name).write_text("\n".join(lines) + end)
-    out = subprocess.run(
-        [
-            *MTAIL,
-            # One-shot mtail still serves HTTP: on a port of its own, not :3903 (the lab's mtail).
-            "--port=0",
-            "--address=127.0.0.1",
-            f"--progs={PROGS}",
-            f"--logs={logs}/*.out",
-            "--one_shot",
-            "--one_shot_format=prometheus",
-            "--logtostderr",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    assert "compile failed" not in out.stderr, out.stderr
-    found = {}
-    for fam in text_string_to_metric_families(out.stdout):
-        for s in fam.samples:
-            if s.name.startswith("training_log_") and s.value:
-                key = (s.name, s.labels["slurm_job_id"], s.labels["node"], s.labels["rank"])
-                found[key] = s.value
-    return found
+    return {k[:4]: v for k, v in mtail_oneshot.samples(mtail_oneshot.run(logs)).items()}
 
 
 @pytest.mark.parametrize("kind", sorted(LINES))

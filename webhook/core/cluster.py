@@ -41,6 +41,9 @@ ENDED_STATES = {
     "DEADLINE",
 }
 
+# Ends by a fault: what slurmedic recovers from.
+FAILED_STATES = ENDED_STATES - ENDED_ON_PURPOSE
+
 
 def _ran_at(job: Job, at: datetime) -> bool:
     if job.started is not None and job.started > at:
@@ -93,6 +96,15 @@ class Job:
     def ended_on_purpose(self) -> bool:
         """Cancelled, timed out, past its deadline or preempted: ended, or ending, by choice."""
         return bool({self.state, self.base} & ENDED_ON_PURPOSE)
+
+    @property
+    def failed(self) -> bool:
+        """Ended by a fault (FAILED, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL), or ending so."""
+        return bool({self.state, self.base} & FAILED_STATES) and not self.ended_on_purpose
+
+    @property
+    def completed(self) -> bool:
+        return "COMPLETED" in (self.state, self.base)
 
     def options(self) -> dict[str, Any]:
         """The job's slurmedic options from its comment JSON (other comments are ignored)."""

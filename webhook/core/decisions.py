@@ -143,12 +143,16 @@ class GuardState:
 
 
 def job_ended(job: Job) -> bool:
+    """No longer running nor waiting to (completed, failed, cancelled, ...)."""
     return job.state not in ACTIVE_STATES and job.state != "PENDING"
 
 
 def job_failed(job: Job, evidence: Iterable[Evidence]) -> bool:
-    """Whether the job has failed: it ended, a rank logged a fatal error, or it stalled."""
-    return job_ended(job) or any(e.signal in FAILURE_SIGNALS and e.actionable for e in evidence)
+    """Whether the job has failed: it ended by a fault, a rank logged a fatal error, or it
+    stalled. A job that completed, or that someone ended, has not."""
+    if job.completed or job.ended_on_purpose:
+        return False
+    return job.failed or any(e.signal in FAILURE_SIGNALS and e.actionable for e in evidence)
 
 
 def first_failing(evidence: Iterable[Evidence]) -> Evidence | None:
@@ -173,12 +177,12 @@ def plan(
     if attr.cause in DRAIN_CAUSES or attr.cause == "hang":
         actions.append(("requeue", None))
     elif attr.cause == "application":
-        if not job_failed(job, evidence):
+        if _ended_by_choice(job) is None and not job_failed(job, evidence):
             # A symptom on a job that keeps training: leave it alone, tell people.
             return [("none", "job_running"), ("escalate", "job_running")]
         retry = job.options().get("retry_application") is True
         actions.append(("requeue", None) if retry else ("stop", None))
-    elif attr.cause == "unknown" and job_ended(job) and not job.ended_on_purpose:
+    elif attr.cause == "unknown" and job.failed:
         actions.append(("requeue", "unknown_once"))
     else:
         actions.append(("escalate", None))
@@ -226,6 +230,9 @@ def decide(
             if not in_scope:
                 why = f"job {job.id} is outside the policy's partitions"
                 out.append(_refuse(base, "out_of_scope", why, attr))
+            elif (ended := _ended_by_choice(job)) is not None:
+                # Nothing to restart or stop: the job completed, or someone ended it.
+                out.append(_refuse(base, *ended, attr))
             elif action == "requeue":
                 out += _requeue(base, attr, job, policy, guards, now)
             else:
@@ -293,12 +300,6 @@ def _requeue(
     base: Decision, attr: Attribution, job: Job, policy: Policy, guards: GuardState, now: datetime
 ) -> list[Decision]:
     opts = job.options()
-    # scancel, a time limit, a deadline, a preemption: someone's decision. A job's alerts that
-    # outlive it (its progress stops, its ranks time out) are not a fault to recover from, also
-    # while the job is still COMPLETING.
-    if job.ended_on_purpose:
-        ended = job.base if job.base in ENDED_ON_PURPOSE else job.state
-        return [_refuse(base, "ended_on_purpose", f"job {job.id} ended {ended}", attr)]
     if not job.requeue:
         return [_refuse(base, "no_requeue", f"job {job.id} was submitted with --no-requeue", attr)]
     if opts.get("requeue") is False:
@@ -338,6 +339,18 @@ def _requeue(
         )
     )
     return [replace(base, action="requeue", exclude=attr.nodes)]
+
+
+def _ended_by_choice(job: Job) -> tuple[str, str] | None:
+    """(guard, why) for a job that completed or that someone ended: scancel, a time limit, a
+    deadline, a preemption. Its alerts that outlive it (its progress stops, its ranks time out)
+    are not a fault to recover from, also while it is still COMPLETING."""
+    if job.ended_on_purpose:
+        ended = job.base if job.base in ENDED_ON_PURPOSE else job.state
+        return "ended_on_purpose", f"job {job.id} ended {ended}"
+    if job.completed:
+        return "job_completed", f"job {job.id} completed"
+    return None
 
 
 def _requeue_unknown(

@@ -36,7 +36,6 @@ from webhook.core.decisions import (
     PastAction,
     decide,
     job_ended,
-    job_failed,
 )
 from webhook.core.evidence import HARDWARE, Evidence, from_alert
 from webhook.core.incidents import IncidentKey
@@ -158,34 +157,37 @@ class Engine:
         for inc in self.incidents.values():
             if inc.until_job_ends and not inc.closed and inc.job is not None:
                 job = view.jobs.get(inc.job)
-                if job is None or job_failed(job, []):
+                if job is None or job_ended(job):
                     inc.until_job_ends = False
-                    inc.check_at = at + timedelta(seconds=self.policy.settle_seconds)
+                    # Only a failure is news: a job that completed, or that its owner
+                    # cancelled, leaves the decision (and what people were told) as it was.
+                    if job is not None and job.failed:
+                        inc.check_at = at + timedelta(seconds=self.policy.settle_seconds)
 
     def _incidents_for(self, ev: Evidence, at: datetime) -> list[Incident]:
         if ev.job is not None:
             job = self.view.jobs.get(ev.job)
             # A job label is believed when the view confirms it (or names no node to check).
             if job is not None and (ev.node is None or ev.node in job.nodes):
-                return [self._incident(self._attempt_key(job, ev.starts_at), job.id, None, at)]
+                return [self._incident(self._attempt_key(job, ev), job.id, None, at)]
         if ev.node is None:
             return []
         # No job label (or one the view contradicts): the job(s) on the node at startsAt.
         jobs = self.view.jobs_on(ev.node, ev.starts_at)
         if jobs:
-            return [
-                self._incident(self._attempt_key(j, ev.starts_at), j.id, None, at) for j in jobs
-            ]
+            return [self._incident(self._attempt_key(j, ev), j.id, None, at) for j in jobs]
         if ev.signal not in HARDWARE:
             return []  # nothing ran there: only evidence against the node itself matters
         return [self._incident(self._node_key(ev), None, ev.node, at)]
 
     @staticmethod
-    def _attempt_key(job: Job, starts_at: datetime) -> str:
-        """The attempt that was running when the alert started: a late alert about the attempt
-        slurmedic already requeued belongs to that attempt, not to its successor."""
+    def _attempt_key(job: Job, ev: Evidence) -> str:
+        """The attempt that was running when the failure began: a late alert about the attempt
+        slurmedic already requeued belongs to that attempt, not to its successor; so does a
+        stall whose last progress predates the successor (it has not reported yet)."""
+        began = ev.since or ev.starts_at
         attempt = job.restarts
-        if job.restarts > 0 and job.started is not None and starts_at < job.started:
+        if job.restarts > 0 and job.started is not None and began < job.started:
             attempt -= 1
         return str(IncidentKey.of_attempt(job.id, attempt))
 
@@ -291,7 +293,8 @@ class Engine:
         if any(d.action in SCHEDULER_ACTIONS and d.mode != "approve" for d in made):
             incident.closed = True
         if incident.decided:
-            if signature(made) == signature(incident.standing):
+            # Nothing to decide any more (Slurm forgot the job) is no reason to undo anything.
+            if not made or signature(made) == signature(incident.standing):
                 return []
             self.guards.adopt(trial)
             incident.revision += 1

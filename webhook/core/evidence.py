@@ -3,6 +3,7 @@ cluster view. An alert that names no valid node of the cluster is recorded, neve
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -42,6 +43,9 @@ class Evidence:
     received_at: datetime
     summary: str = ""
     problems: tuple[str, ...] = field(default=())
+    # When the condition the alert reports began, when it says (`stalled_since`: a hang's last
+    # progress); startsAt is when the rule noticed.
+    since: datetime | None = None
 
     @property
     def actionable(self) -> bool:
@@ -54,6 +58,20 @@ class Evidence:
             "fingerprint": self.fingerprint,
             "startsAt": self.starts_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
+
+
+MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z
+
+
+def stalled_since(annotations: dict[str, str]) -> datetime | None:
+    """The `stalled_since` annotation (seconds since the epoch), when it is one."""
+    try:
+        value = float(annotations.get("stalled_since", ""))
+    except ValueError:
+        return None
+    if not math.isfinite(value) or not 0 < value <= MAX_EPOCH:
+        return None
+    return datetime.fromtimestamp(value, UTC)
 
 
 def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Evidence:
@@ -82,4 +100,5 @@ def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Eviden
         received_at=received_at,
         summary=alert.annotations.get("summary", ""),
         problems=tuple(problems),
+        since=stalled_since(alert.annotations),
     )

@@ -183,9 +183,11 @@ class Dispatcher:
                 self._move(row, "failed", {"by": "executor", "error": blocked})
                 return False
         if target is None:  # escalate / none: nothing to run
+            # `none` is recorded whatever the mode: there is nothing to carry out.
+            done = row.action != "none" and not monitor and row.mode == "enforce"
             self._move(
                 row,
-                "recorded" if monitor or row.mode != "enforce" else "executed",
+                "executed" if done else "recorded",
                 {"by": "executor", "note": "no scheduler action"},
             )
             return True
