@@ -79,14 +79,14 @@ def test_a_revision_supersedes_what_waits_and_keeps_what_ran(tmp_path: Path) -> 
     ledger.add_event(first[0], "executed", {"by": "executor"}, T)
     later = T + timedelta(minutes=3)
     revision = [
-        decision("drain", "awaiting_approval", nodes=("gpu01", "gpu03"), at=later, revision=1),
+        decision("drain", "awaiting_approval", nodes=("gpu01",), at=later, revision=1),
         decision("requeue", "awaiting_approval", exclude=("gpu01", "gpu03"), at=later, revision=1),
     ]
     new = ledger.record(revision)
     states = {r.id: (r.action, r.state) for r in ledger.incident_decisions("3102.0")}
     assert states[first[0]] == ("drain", "executed")
     assert states[first[1]] == ("requeue", "superseded")
-    # The drain ran already: the revision's drain is not recorded; its requeue is.
+    # The same drain ran already: the revision's is not recorded again; its requeue is.
     assert [states[i] for i in new] == [("requeue", "awaiting_approval")]
     _, events = ledger.decision(first[1])  # type: ignore[misc]
     assert events[-1].state == "superseded"
@@ -94,3 +94,28 @@ def test_a_revision_supersedes_what_waits_and_keeps_what_ran(tmp_path: Path) -> 
     assert ledger.carried_out(["3102.0", "9.0"]) == {"3102.0"}
     # A superseded decision is no history: it never happened.
     assert [h.action for h in ledger.history(T - timedelta(hours=1))] == ["drain", "requeue"]
+    # A drain of another node is new, and an escalation is never held back by an earlier one.
+    again = T + timedelta(minutes=6)
+    more = ledger.record(
+        [
+            decision("drain", "awaiting_approval", nodes=("gpu01", "gpu03"), at=again, revision=2),
+            decision("escalate", "awaiting_approval", at=again, revision=2),
+        ]
+    )
+    assert [(r.action, r.state) for r in ledger.rows(more)] == [
+        ("drain", "awaiting_approval"),
+        ("escalate", "awaiting_approval"),
+    ]
+
+
+def test_a_decision_superseded_meanwhile_is_not_claimed(tmp_path: Path) -> None:
+    """The executor read it as approved; the loop superseded it before the executor's claim."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    (i,) = ledger.record([decision(state="awaiting_approval")])
+    ledger.add_event(i, "approved", {"by": "ana"}, T)
+    stale = ledger.rows([i])[0]  # what the executor read
+    ledger.record([decision(state="awaiting_approval", revision=1, cause="node_failure")])
+    assert stale.state == "approved"
+    with pytest.raises(IllegalTransition):
+        ledger.add_event(stale.id, "running", {"by": "executor"}, T)
+    assert ledger.decision(i)[0].state == "superseded"  # type: ignore[index]

@@ -4,6 +4,7 @@ revised by it, also after a restart; a decision carried out is not revised."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -143,4 +144,55 @@ def test_a_decision_carried_out_is_not_revised(tmp_path: Path) -> None:
     assert hang_then_timeouts(ledger, Clock(), restart=True, carried_out=True) == []
     assert [(r.action, r.state) for r in ledger.incident_decisions("42.0")] == [
         ("requeue", "executed")
+    ]
+
+
+def test_an_unknown_failure_of_a_running_job_is_revised_when_it_ends_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Partial timeouts on a running job: escalate (unknown). slurmedic restarts; then the job
+    fails: the restored incident is revised to the one requeue a job that died with nobody to
+    blame gets."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5, "hang_wait": "60s"})
+    clock = Clock()
+    state = {"job": "RUNNING"}
+
+    def view() -> ClusterView:
+        v = cluster()
+        v.set_job(replace(v.jobs[42], state=state["job"]))
+        return v
+
+    live = LiveLoop(ledger, policy, view, clock=clock, refresh_seconds=0)
+    deliver(
+        ledger,
+        T0,
+        *[
+            {
+                "startsAt": (T0 - timedelta(seconds=3)).isoformat(),
+                "labels": {
+                    "alertname": "TrainingNcclTimeout",
+                    "signal": "nccl_timeout",
+                    "node": n,
+                    "slurm_job_id": "42",
+                },
+            }
+            for n in ("gpu02", "gpu03")
+        ],
+    )
+    made = []
+    for s in range(0, 120, 5):
+        clock.now = T0 + timedelta(seconds=s)
+        made += live.step()
+    assert [(d.action, d.cause) for d in made] == [("escalate", "unknown")]
+    live = LiveLoop(ledger, policy, view, clock=clock, refresh_seconds=0)  # a restart
+    state["job"] = "FAILED"
+    later = []
+    for s in range(120, 200, 5):
+        clock.now = T0 + timedelta(seconds=s)
+        later += live.step()
+    assert [(d.action, d.cause, d.exclude) for d in later] == [("requeue", "unknown", ())]
+    assert [(r.action, r.state) for r in ledger.incident_decisions("42.0")] == [
+        ("escalate", "superseded"),
+        ("requeue", "recorded"),
     ]

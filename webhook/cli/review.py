@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 
 from webhook.cli.common import config_option, decision_table, ledger_of
+from webhook.core.lifecycle import IllegalTransition
 
 
 @click.command()
@@ -33,7 +34,10 @@ def _decide(config_path: Path | None, decision_id: int, state: str, detail: dict
     row, _ = found
     if row.state != "awaiting_approval":
         raise click.ClickException(f"decision {decision_id} is {row.state}, not awaiting_approval")
-    ledger.add_event(decision_id, state, detail, datetime.now(UTC))
+    try:
+        ledger.add_event(decision_id, state, detail, datetime.now(UTC))
+    except IllegalTransition as e:  # superseded or moved on since it was read
+        raise click.ClickException(f"decision {decision_id}: {e}") from e
     click.echo(
         f"decision {decision_id} ({row.action} {', '.join(row.nodes or row.exclude)}) {state}"
     )

@@ -6,10 +6,11 @@ errors with no hardware evidence (4); many nodes at once or most of a switch, wh
 1-3 for the nodes it covers (5); timeouts everywhere or a stalled job with nothing to blame (6);
 anything else (7).
 
-Application evidence from a node whose ranks also witnessed a communication failure (an NCCL
-timeout or error) or stalled is that failure's echo, not the application's fault: a rank that
-times out raises, prints a traceback and exits non-zero. It counts as the application's only on
-nodes that said nothing else, or when it names no node.
+Application evidence from a node whose ranks had already witnessed a communication failure (an
+NCCL timeout or error) or stalled is that failure's echo, not the application's fault: a rank
+that times out raises, prints a traceback and exits non-zero. An error that came first (the
+crash the node's other ranks then time out on) is the application's, and so is one that names
+no node.
 """
 
 from __future__ import annotations
@@ -134,12 +135,15 @@ def attribute(
         )
 
     # 4. Application errors with no hardware evidence (and not the echo of a timeout).
-    witnesses = {e.node for s in STALL for e in by_signal.get(s, []) if e.node}
+    stalled: dict[str, datetime] = {}
+    for e in (e for s in STALL for e in by_signal.get(s, [])):
+        if e.node:
+            stalled[e.node] = min(e.starts_at, stalled.get(e.node, e.starts_at))
     app = [
         e
         for s in ("gpu_app", "app_error")
         for e in by_signal.get(s, [])
-        if e.node is None or e.node not in witnesses
+        if e.node is None or e.node not in stalled or e.starts_at < stalled[e.node]
     ]
     if app:
         where = {e.node for e in app if e.node}

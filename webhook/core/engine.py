@@ -41,7 +41,11 @@ from webhook.core.evidence import HARDWARE, Evidence, from_alert
 from webhook.core.incidents import IncidentKey
 from webhook.core.policy import Policy
 
-EvidenceKey = tuple[str, datetime]  # fingerprint, startsAt
+EvidenceKey = tuple[str, datetime]  # fingerprint, startsAt to the second (as the ledger keeps it)
+
+
+def evidence_key(fingerprint: str, starts_at: datetime) -> EvidenceKey:
+    return fingerprint, starts_at.replace(microsecond=0)
 
 
 @dataclass
@@ -139,7 +143,7 @@ class Engine:
             for incident in self._incidents_for(ev, at):
                 incident.evidence.append(ev)
                 touched.add(incident.key)
-                self._news(incident, key, at)
+                self._news(incident, evidence_key(*key), at)
         return Receipt(new, dup, resolved, tuple(rejected), tuple(sorted(touched)))
 
     def _news(self, incident: Incident, key: EvidenceKey, at: datetime) -> None:
@@ -148,21 +152,31 @@ class Engine:
         if key in incident.known or incident.closed:
             return
         if incident.decided or incident.check_at is not None:
-            incident.check_at = at + timedelta(seconds=self.policy.settle_seconds)
+            self._look_by(incident, at + timedelta(seconds=self.policy.settle_seconds))
+
+    @staticmethod
+    def _look_by(incident: Incident, when: datetime) -> None:
+        """Look at the incident by `when` at the latest: news never postpones a look already
+        due (a trickle of evidence must not hold a decision back)."""
+        incident.check_at = min(incident.check_at or when, when)
 
     def update_view(self, view: ClusterView, at: datetime | None = None) -> None:
         self.view = view
         if at is None:
             return
+        settle = at + timedelta(seconds=self.policy.settle_seconds)
         for inc in self.incidents.values():
-            if inc.until_job_ends and not inc.closed and inc.job is not None:
-                job = view.jobs.get(inc.job)
-                if job is None or job_ended(job):
-                    inc.until_job_ends = False
-                    # Only a failure is news: a job that completed, or that its owner
-                    # cancelled, leaves the decision (and what people were told) as it was.
-                    if job is not None and job.failed:
-                        inc.check_at = at + timedelta(seconds=self.policy.settle_seconds)
+            if inc.closed or inc.job is None:
+                continue
+            job = view.jobs.get(inc.job)
+            if not inc.decided and inc.check_at is not None and job is not None and job.failed:
+                self._look_by(inc, settle)  # a stall's wait ends with the job: nothing more comes
+            if inc.until_job_ends and (job is None or job_ended(job)):
+                inc.until_job_ends = False
+                # Only a failure is news: a job that completed, or that its owner cancelled,
+                # leaves the decision (and what people were told) as it was.
+                if job is not None and job.failed:
+                    self._look_by(inc, settle)
 
     def _incidents_for(self, ev: Evidence, at: datetime) -> list[Incident]:
         if ev.job is not None:
@@ -253,8 +267,9 @@ class Engine:
                 now,
             )
             wait_until = incident.opened_at + self.policy.hang_wait
-            # A job someone ended (scancel, its time limit) is left alone: nothing to wait for.
-            waits = stall_only(attr, incident.evidence) and not (job and job.ended_on_purpose)
+            # A job that ended (a fault, scancel, its time limit) has nothing more to say: its
+            # ranks are gone. Only a running one is waited for.
+            waits = stall_only(attr, incident.evidence) and not (job and job_ended(job))
             if not incident.decided and waits and now < wait_until:
                 incident.check_at = wait_until  # evidence that arrives sooner looks sooner
                 return []
@@ -282,11 +297,8 @@ class Engine:
                 )
             ]
         incident.check_at = None
-        incident.known |= {(e.fingerprint, e.starts_at) for e in incident.evidence}
-        # Decided while the job runs, on evidence that names nothing to act on: its end is news.
-        incident.until_job_ends = any(d.guard == "job_running" for d in made) or (
-            attr.cause == "unknown" and job is not None and not job_ended(job)
-        )
+        incident.known |= {evidence_key(e.fingerprint, e.starts_at) for e in incident.evidence}
+        incident.until_job_ends = until_job_ends(made, job)
         # A scheduler action in monitor or enforce mode is carried out now (monitor's dry run
         # stands for it: monitor shows what enforce does); approve waits for a human, and the
         # loop closes the incident once the action runs.
@@ -302,6 +314,16 @@ class Engine:
         incident.decided, incident.decided_at = True, now
         incident.standing = made
         return made
+
+
+def until_job_ends(made: Iterable[Decision], job: Job | None) -> bool:
+    """Whether decisions were made because the job still runs (an application's symptom, an
+    unknown failure of a running job): its end, when it fails, is news."""
+    made = list(made)
+    if any(d.guard == "job_running" for d in made):
+        return True
+    unknown = any(d.cause == "unknown" and d.action == "escalate" and not d.guard for d in made)
+    return unknown and (job is None or not job_ended(job))
 
 
 def _superseding(d: Decision, incident: Incident) -> Decision:

@@ -56,6 +56,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "superseded": frozenset(),
 }
 STATES = frozenset(TRANSITIONS)
+# The states each state may be reached from.
+PREVIOUS: dict[str, frozenset[str]] = {
+    new: frozenset(old for old, nexts in TRANSITIONS.items() if new in nexts) for new in STATES
+}
 # Not yet carried out: what later evidence may still supersede.
 OPEN = frozenset({"recorded", "awaiting_approval", "pending", "approved"})
 # Carried out, or being carried out.

@@ -7,17 +7,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event, func, inspect, select
+from sqlalchemy import Engine, create_engine, event, func, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from webhook.core.alerts import Alert, Payload
 from webhook.core.decisions import SCHEDULER_ACTIONS, Decision, PastAction
-from webhook.core.engine import Incident
+from webhook.core.engine import Incident, evidence_key, until_job_ends
 from webhook.core.incidents import BadIncidentKey, IncidentKey
-from webhook.core.lifecycle import CARRIED_OUT, NOTE, OPEN, check
+from webhook.core.lifecycle import CARRIED_OUT, NOTE, OPEN, PREVIOUS, IllegalTransition, check
 from webhook.core.recovery import FailurePoint, Verdict, Watch
 from webhook.ledger.schema import (
     AlertRow,
@@ -137,12 +138,15 @@ class Ledger:
         """Decisions, their first state and the incidents they decide, in one transaction.
 
         A revision (`Decision.revision` > 0) supersedes its incident's decisions that were not
-        carried out yet; where one was (it ran, or runs), the revision's decision for the same
-        action is not recorded: the action happened, and later evidence does not undo it."""
+        carried out yet; where a drain, requeue or stop was (it ran, or runs), the revision's
+        same decision is not recorded again: the action happened, and later evidence does not
+        undo it."""
         with self.session.begin() as s:
             revised = {d.incident for d in decisions if d.revision}
-            skip = {k: self._supersede(s, k, decisions, detail) for k in revised}
-            decisions = [d for d in decisions if d.action not in skip.get(d.incident, set())]
+            done: set[tuple[object, ...]] = set()
+            for k in revised:
+                done |= self._supersede(s, k, decisions, detail)
+            decisions = [d for d in decisions if _what(d) not in done]
             for inc in incidents:
                 s.merge(
                     IncidentRow(
@@ -152,7 +156,7 @@ class Ledger:
                         opened_at=inc.opened_at,
                         decided_at=max(
                             (d.at for d in decisions if d.incident == inc.key),
-                            default=inc.opened_at,
+                            default=inc.decided_at or inc.opened_at,
                         ),
                         evidence=[e.record() for e in inc.evidence],
                     )
@@ -163,23 +167,23 @@ class Ledger:
     @staticmethod
     def _supersede(
         s: Session, incident: str, decisions: Sequence[Decision], detail: dict[str, Any] | None
-    ) -> set[str]:
-        """Mark the incident's open decisions superseded by this revision; the actions that
-        were carried out already (the revision does not repeat them)."""
+    ) -> set[tuple[object, ...]]:
+        """Mark the incident's open decisions superseded by this revision (each by a
+        conditional update: a decision the executor claimed meanwhile is not touched); what of
+        the incident was carried out already, which the revision must not repeat."""
         new = [d for d in decisions if d.incident == incident]
         why = "; ".join(
             f"{d.action} {','.join(d.nodes or d.exclude) or '-'} ({d.cause}): {d.reason}"
             for d in new
         )[:2000]
-        done: set[str] = set()
         rows = s.scalars(
-            select(DecisionRow)
-            .where(DecisionRow.incident == incident, DecisionRow.state != "superseded")
-            .with_for_update()
+            select(DecisionRow).where(
+                DecisionRow.incident == incident, DecisionRow.state != "superseded"
+            )
         ).all()
+        done: set[tuple[object, ...]] = set()
         for row in rows:
-            if row.state in OPEN:
-                row.state = "superseded"
+            if row.state in OPEN and _move(s, row.id, OPEN, "superseded"):
                 s.add(
                     DecisionEvent(
                         decision_id=row.id,
@@ -188,8 +192,10 @@ class Ledger:
                         detail={**(detail or {"by": "engine"}), "superseded_by": why},
                     )
                 )
-            elif row.state in CARRIED_OUT:
-                done.add(row.action)
+                continue
+            s.refresh(row)
+            if row.action in SCHEDULER_ACTIONS and row.state in CARRIED_OUT:
+                done.add((row.action, tuple(row.nodes), tuple(row.exclude)))
         return done
 
     def carried_out(self, incidents: Sequence[str]) -> set[str]:
@@ -214,11 +220,18 @@ class Ledger:
         The move must be one the lifecycle allows (IllegalTransition otherwise); the row is
         locked for it, so two writers cannot both move a decision out of the same state."""
         with self.session.begin() as s:
-            row = s.get(DecisionRow, decision_id, with_for_update=True)
+            row = s.get(DecisionRow, decision_id)
             if row is None:
                 raise KeyError(decision_id)
             check(row.state, state)
-            row.state = state
+            # The move is made only from a state that allows it, in one statement: another
+            # writer (the loop superseding, a human approving) may have moved it since it was
+            # read, also on SQLite, where reads do not lock.
+            if not _move(s, decision_id, PREVIOUS[state], state):
+                s.rollback()
+                current = self.decision(decision_id)
+                check(current[0].state if current else "", state)
+                raise IllegalTransition(f"decision {decision_id} moved on meanwhile")
             s.add(DecisionEvent(decision_id=decision_id, at=at, state=state, detail=detail))
 
     def add_note(self, decision_id: int, detail: dict[str, Any], at: datetime) -> None:
@@ -306,7 +319,7 @@ class Ledger:
             for e in row.evidence if row else []:
                 with contextlib.suppress(KeyError, TypeError, ValueError):
                     at = datetime.fromisoformat(str(e["startsAt"]).replace("Z", "+00:00"))
-                    known.add((str(e["fingerprint"]), at))
+                    known.add(evidence_key(str(e["fingerprint"]), at))
             # Carried out, or counted so (monitor and enforce ones: see the engine).
             carried = any(
                 d.action in SCHEDULER_ACTIONS and (d.state in CARRIED_OUT or d.mode != "approve")
@@ -314,18 +327,20 @@ class Ledger:
             )
             # Only the engine's own incidents are revised, and only recent ones.
             ours = parsed.kind in ("attempt", "node")
+            standing_now = [_decision(d) for d in ds]
             out.append(
                 Incident(
-                    key=key,
+                    # Keys of older ledgers (`node:gpu02#2`) as the engine spells them now.
+                    key=str(parsed),
                     job=parsed.job if parsed.kind == "attempt" else None,
                     node=parsed.node,
                     opened_at=opened_at,
                     decided=True,
                     decided_at=decided_at,
-                    standing=[_decision(d) for d in ds],
+                    standing=standing_now,
                     known=known,
                     closed=carried or not ours or decided_at < since,
-                    until_job_ends=any(d.guard == "job_running" for d in ds),
+                    until_job_ends=until_job_ends(standing_now, None),
                 )
             )
         return out
@@ -459,6 +474,21 @@ class Ledger:
                         cause=r.cause,
                         incident=r.incident,
                     )
+
+
+def _move(s: Session, decision_id: int, allowed: frozenset[str], state: str) -> bool:
+    """Set a decision's state if it is still in one of `allowed`; whether it was."""
+    done = s.execute(
+        update(DecisionRow)
+        .where(DecisionRow.id == decision_id, DecisionRow.state.in_(sorted(allowed)))
+        .values(state=state)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(cast(CursorResult[Any], done).rowcount)
+
+
+def _what(d: Decision) -> tuple[object, ...]:
+    return (d.action, tuple(sorted(d.nodes)), tuple(sorted(d.exclude)))
 
 
 def _decision(r: DecisionRow) -> Decision:
