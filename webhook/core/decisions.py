@@ -3,8 +3,10 @@
 Act on failures, not symptoms: an application's GPU error (an XID of the application class) on a
 job that keeps running is recorded and told to people, and the job is left alone until it has
 failed (it ended, a rank logged a fatal error, or its progress stalled). A job that died of
-timeouts or communication errors with nobody to blame is requeued once; the same again is for a
-human, and when it failed first on the same node again, that node is named.
+timeouts or communication errors with nobody to blame (cause unknown, or a hang: every rank
+timed out) is requeued once; the same again is for a human, and when it failed first on the same
+node again, that node is named. A job that stalls while it still runs is requeued (a hang) within
+its retry budget.
 
 Guards, in order: scope (partitions, per-job opt-in/out in the comment, --no-requeue), the
 retry budget (a job out of budget is stopped and escalated instead of requeued), the circuit
@@ -30,6 +32,8 @@ DRAIN_CAUSES = {"gpu_hardware", "node_failure", "network", "straggler"}
 SCHEDULER_ACTIONS = frozenset({"drain", "requeue", "stop", "resume"})  # the ones that change Slurm
 # Evidence that a job has failed, not only shown a symptom: a fatal error, a stall.
 FAILURE_SIGNALS = frozenset({"app_error", "hang"})
+# Causes that blame nobody: a job that died of them is requeued once, then given to a human.
+BLAMELESS = frozenset({"unknown", "hang"})
 
 
 @dataclass(frozen=True)
@@ -132,12 +136,12 @@ class GuardState:
         """Take a revision's guard state (its actions replace the incident's earlier ones)."""
         self.history, self.breaker_open = trial.history, trial.breaker_open
 
-    def unknown_requeue(self, job: int, since: datetime) -> PastAction | None:
+    def blameless_requeue(self, job: int, since: datetime) -> PastAction | None:
         """The job's last requeue for a failure nobody could be blamed for, if any."""
         found = [
             h
             for h in self.history
-            if h.action == "requeue" and h.job == job and h.cause == "unknown" and h.at >= since
+            if h.action == "requeue" and h.job == job and h.cause in BLAMELESS and h.at >= since
         ]
         return max(found, key=lambda h: h.at) if found else None
 
@@ -174,7 +178,7 @@ def plan(
         if not actions and attr.cause in ("shared_infrastructure", "unknown"):
             return [("escalate", None)]
         return actions
-    if attr.cause in DRAIN_CAUSES or attr.cause == "hang":
+    if attr.cause in DRAIN_CAUSES or (attr.cause == "hang" and not job.failed):
         actions.append(("requeue", None))
     elif attr.cause == "application":
         if _ended_by_choice(job) is None and not job_failed(job, evidence):
@@ -182,8 +186,9 @@ def plan(
             return [("none", "job_running"), ("escalate", "job_running")]
         retry = job.options().get("retry_application") is True
         actions.append(("requeue", None) if retry else ("stop", None))
-    elif attr.cause == "unknown" and job.failed:
-        actions.append(("requeue", "unknown_once"))
+    elif attr.cause in BLAMELESS and job.failed:
+        # It died of timeouts or communication errors, and nobody is to blame.
+        actions.append(("requeue", "once"))
     else:
         actions.append(("escalate", None))
     return actions
@@ -218,12 +223,12 @@ def decide(
                 f"failure; nothing is done until the job fails, and its owner should look. "
             )
             out.append(replace(base, action=action, guard=rule, reason=why + attr.reason))
-        elif rule == "unknown_once" and job is not None:
+        elif rule == "once" and job is not None:
             if not in_scope:
                 why = f"job {job.id} is outside the policy's partitions"
                 out.append(_refuse(base, "out_of_scope", why, attr))
             else:
-                out += _requeue_unknown(base, attr, job, evidence, policy, guards, now)
+                out += _requeue_once(base, attr, job, evidence, policy, guards, now)
         elif action == "drain":
             out.append(_drain(base, attr, view, policy, guards, now))
         elif action in ("requeue", "stop") and job is not None:
@@ -353,7 +358,7 @@ def _ended_by_choice(job: Job) -> tuple[str, str] | None:
     return None
 
 
-def _requeue_unknown(
+def _requeue_once(
     base: Decision,
     attr: Attribution,
     job: Job,
@@ -371,7 +376,7 @@ def _requeue_unknown(
         if first is not None
         else "no rank named where it failed first"
     )
-    earlier = guards.unknown_requeue(job.id, now - policy.retry_budget.window)
+    earlier = guards.blameless_requeue(job.id, now - policy.retry_budget.window)
     if earlier is not None:
         node = first.node if first is not None else None
         nodes = (node,) if node and node in earlier.nodes else ()
@@ -390,7 +395,7 @@ def _requeue_unknown(
     if first is not None and first.node and made[0].action == "requeue":
         # Remember where it failed first (PastAction.nodes of a requeue), for the next time.
         last = guards.history[-1]
-        guards.history[-1] = replace(last, nodes=(first.node,), cause="unknown")
+        guards.history[-1] = replace(last, nodes=(first.node,))
     return made
 
 

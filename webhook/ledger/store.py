@@ -15,7 +15,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from webhook.core.alerts import Alert, Payload
-from webhook.core.decisions import SCHEDULER_ACTIONS, Decision, PastAction
+from webhook.core.decisions import BLAMELESS, SCHEDULER_ACTIONS, Decision, PastAction
 from webhook.core.engine import Incident, evidence_key, until_job_ends
 from webhook.core.incidents import BadIncidentKey, IncidentKey
 from webhook.core.lifecycle import CARRIED_OUT, NOTE, OPEN, PREVIOUS, IllegalTransition, check
@@ -461,7 +461,7 @@ class Ledger:
                     )
                 elif r.guard is None:
                     nodes = tuple(r.nodes)
-                    if r.action == "requeue" and r.cause == "unknown":
+                    if r.action == "requeue" and r.cause in BLAMELESS:
                         # Where the failure nobody could be blamed for began: its next time there
                         # implicates that node.
                         nodes = first_node(r.evidence)
