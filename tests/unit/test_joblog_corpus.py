@@ -8,13 +8,17 @@ test_mtail_program.py (SLURMEDIC_LAB_STACK, or SLURMEDIC_MTAIL): lab/mtail_onesh
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lab import joblog_corpus, mtail_oneshot
 from lab.mtail_oneshot import Key
+from webhook.rules.render import RULES_DIR
 
 CORPUS = joblog_corpus.load()
 SIGNALS = {"nccl_timeout", "hang", "app_error", "gpu_hw", "gpu_app"}
@@ -93,3 +97,56 @@ def test_lines_in_a_file_named_otherwise_count_nothing(tmp_path: Path) -> None:
     (logs / "train.out").write_text("\n".join(positives) + "\n")
     (logs / "slurm-12-gpu01-x.out").write_text("\n".join(positives) + "\n")
     assert mtail_oneshot.samples(mtail_oneshot.run(logs)) == {}
+
+
+def test_the_job_log_rules_raise_each_line_s_signal_and_nothing_else(
+    found: dict[Key, float], tmp_path: Path
+) -> None:
+    """mtail's gauges for the whole corpus, as promtool's input: every positive line raises one
+    alert whose `signal` is its class's, with its job, node and rank; no other alert fires."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not on PATH (Debian package prometheus; scripts/setup.sh)"
+    series = []
+    for name, job, node, rank, xid in found:
+        if name.endswith("_last_timestamp_seconds"):
+            labels = {"slurm_job_id": job, "node": node, "rank": rank, "prog": "training.mtail"}
+            if xid:
+                labels["xid"] = xid
+            text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+            series.append({"series": f"{name}{{{text}}}", "values": "0x3"})  # a line at time 0
+    expected = []
+    for e in CORPUS.entries:
+        signal = CORPUS.signal(e)
+        for _, job, node, rank, _ in sorted(e.expected_in_rank_file() | e.expected_in_batch_file()):
+            if signal is not None:
+                labels = {"slurm_job_id": job, "node": node, "rank": rank, "signal": signal}
+                expected.append({"labels": _selector(labels), "value": 1})
+    assert len(expected) > 100
+    test = {
+        "rule_files": [str(RULES_DIR / "joblog.rules.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": "count by (slurm_job_id, node, rank, signal) "
+                        '(ALERTS{alertstate="firing"})',
+                        "eval_time": "1m",
+                        "exp_samples": expected,
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "corpus.rules.test.yml"
+    path.write_text(yaml.safe_dump(test))
+    out = subprocess.run(
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+
+
+def _selector(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
