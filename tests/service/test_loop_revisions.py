@@ -196,3 +196,50 @@ def test_an_unknown_failure_of_a_running_job_is_revised_when_it_ends_after_a_res
         ("escalate", "superseded"),
         ("requeue", "recorded"),
     ]
+
+
+def test_a_restart_does_not_turn_a_decided_alert_into_a_new_failure_of_an_idle_node(
+    tmp_path: Path,
+) -> None:
+    """XID 79 on gpu02 under job 42: drain + requeue; the successor runs elsewhere and gpu02 is
+    idle (a human repaired and resumed it). slurmedic restarts and reads the last hour's alerts
+    again: the XID belongs to the incident it decided, not to a new one of the idle gpu02 (seen
+    in CI: the node was drained again)."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"mode": "enforce", "settle_seconds": 5})
+    clock = Clock()
+    moved = {"yes": False}
+
+    def view() -> ClusterView:
+        v = cluster()
+        if moved["yes"]:
+            v.set_job(
+                replace(
+                    v.jobs[42],
+                    nodes=("gpu01", "gpu03", "gpu04", "gpu05"),
+                    restarts=1,
+                    started=T0 + timedelta(minutes=1),
+                )
+            )
+        return v
+
+    live = LiveLoop(ledger, policy, view, clock=clock, refresh_seconds=0)
+    labels = {
+        "alertname": "GpuXidNodeFault",
+        "signal": "gpu_hw",
+        "node": "gpu02",
+        "xid": "79",
+        "slurm_job_id": "42",
+    }
+    deliver(
+        ledger, T0, {"startsAt": (T0 + timedelta(milliseconds=250)).isoformat(), "labels": labels}
+    )
+    clock.now = T0 + timedelta(seconds=10)
+    assert sorted(d.action for d in live.step()) == ["drain", "requeue"]
+    moved["yes"] = True
+    clock.now = T0 + timedelta(minutes=5)
+    live = LiveLoop(ledger, policy, view, clock=clock, refresh_seconds=0)  # a restart
+    for s in range(0, 60, 5):
+        clock.now = T0 + timedelta(minutes=5, seconds=s)
+        assert live.step() == []
+    assert sorted(r.incident for r in ledger.decisions()) == ["42.0", "42.0"]

@@ -92,6 +92,10 @@ class Engine:
     seen: set[tuple[str, datetime]] = field(default_factory=set)
     evidence: list[Evidence] = field(default_factory=list)
     incidents: dict[str, Incident] = field(default_factory=dict)
+    # Evidence a restored incident was decided on, and that incident: fed again after a
+    # restart, it goes back there, whatever the cluster looks like now (the job it hit has
+    # moved on, its node is idle: it is not a new failure of that node).
+    decided_on: dict[EvidenceKey, str] = field(default_factory=dict)
 
     @classmethod
     def with_history(cls, view: ClusterView, policy: Policy, history: list[PastAction]) -> Engine:
@@ -103,6 +107,8 @@ class Engine:
         for inc in incidents:
             inc.decided = True
             self.incidents[inc.key] = inc
+            for key in inc.known:
+                self.decided_on.setdefault(key, inc.key)
 
     def close(self, keys: Iterable[str]) -> None:
         """Incidents whose decisions were carried out: not revised any more."""
@@ -140,7 +146,13 @@ class Engine:
             if not ev.actionable:
                 rejected.append(f"{ev.alertname or alert.fingerprint}: {'; '.join(ev.problems)}")
                 continue
-            for incident in self._incidents_for(ev, at):
+            before = self.decided_on.get(evidence_key(*key))
+            targets = (
+                [self.incidents[before]]
+                if before in self.incidents
+                else self._incidents_for(ev, at)
+            )
+            for incident in targets:
                 incident.evidence.append(ev)
                 touched.add(incident.key)
                 self._news(incident, evidence_key(*key), at)
