@@ -23,7 +23,7 @@ from lab import manage, monitoring, processes
 from lab.config import LabConfig
 from lab.slurm import node_states, slurm
 from tests.lab.conftest import eventually, joblog, query, running_nodes, serve_slurmedic
-from tests.lab.test_remediation import cli, healthy_after, mapped, restore
+from tests.lab.test_remediation import checkpointed_job, cli, healthy_after, mapped, restore
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
 
@@ -118,16 +118,6 @@ def running_again(cfg: LabConfig, job: int, restarts: int) -> list[str]:
     return nodes
 
 
-def training_job(cfg: LabConfig, submit: Callable[..., int], **kw: object) -> tuple[int, list[str]]:
-    """A 3-node training job, its GPUs mapped in Prometheus, past its first checkpoint."""
-    job = submit(nodes=3, **kw)
-    nodes = running_nodes(cfg, job)
-    mapped(cfg, job)
-    ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}})'
-    eventually(lambda: (r := query(cfg, ckpt)) and r[0]["value"] >= 5, what="a checkpoint")
-    return job, nodes
-
-
 # ---- 1. an idle node's failures ------------------------------------------------------------
 
 
@@ -184,7 +174,7 @@ def test_a_hang_seen_before_the_peers_timeouts_drains_the_silent_node(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
     # The lab's rules see a stall after 12 s; the peers' NCCL watchdogs fire after 30 s.
-    job, nodes = training_job(lab_cfg, submit, nccl_timeout=30.0)
+    job, nodes = checkpointed_job(lab_cfg, submit, nccl_timeout=30.0)
     silent = nodes[1]
     manage.inject_job(lab_cfg, "hang", job, 1)
     incident = f"{job}.0"
@@ -333,7 +323,7 @@ def test_a_job_its_owner_cancels_after_an_application_xid_is_not_stopped(
 def test_an_nccl_crash_with_nobody_to_blame_is_requeued_then_judged_as_a_repeat(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
-    job, nodes = training_job(lab_cfg, submit)
+    job, nodes = checkpointed_job(lab_cfg, submit)
     first = nodes[1]
     manage.inject_job(lab_cfg, "crash_nccl", job, 1)
     rows = wait_rows(

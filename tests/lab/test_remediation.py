@@ -81,9 +81,11 @@ def mapped(cfg: LabConfig, job: int) -> None:
     )
 
 
-def checkpointed_job(cfg: LabConfig, submit: Callable[..., int]) -> tuple[int, list[str]]:
+def checkpointed_job(
+    cfg: LabConfig, submit: Callable[..., int], **kw: object
+) -> tuple[int, list[str]]:
     """A training job on 3 nodes, its GPUs mapped in Prometheus, past its first checkpoint."""
-    job = submit(nodes=3)
+    job = submit(nodes=3, **kw)
     nodes = running_nodes(cfg, job)
     mapped(cfg, job)
     ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}})'
