@@ -269,6 +269,11 @@ _job_fault("crash_cuda", "crash-cuda", "A rank dies with a CUDA illegal-memory-a
 _job_fault("crash_ecc", "crash-ecc", "A rank dies with a CUDA uncorrectable-ECC traceback.")
 _job_fault("crash_nccl", "crash-nccl", "A rank dies with the NCCL watchdog timeout lines.")
 _job_fault("slow", "slow", "A rank computes --factor times slower (a straggler).")
+_job_fault(
+    "timeout_now",
+    "timeout-now",
+    "A rank waiting in a collective times out now (its NCCL watchdog fires).",
+)
 
 
 @lab.command(name="clear")

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 GpuFaultKind = Literal[
     "xid", "ecc_dbe", "row_remap_failure", "nvlink", "thermal", "pcie", "gpu_lost"
 ]
-JobFaultKind = Literal["hang", "crash_cuda", "crash_ecc", "crash_nccl", "slow"]
+JobFaultKind = Literal["hang", "crash_cuda", "crash_ecc", "crash_nccl", "slow", "timeout_now"]
 
 XID_MIN, XID_MAX = 1, 200
 

@@ -179,7 +179,8 @@ def receiver(lab_cfg: LabConfig) -> Iterator[Receiver]:
     r.server.server_close()
 
 
-def serve_slurmedic(cfg: LabConfig, tmp: Path, mode: str) -> Ledger:
+def serve_slurmedic(cfg: LabConfig, tmp: Path, mode: str, **overrides: Any) -> Ledger:
+    """slurmedic with the lab tests' policy in `mode` (`overrides` replace its keys)."""
     policy = tmp / f"policy-{mode}.yml"
     policy.write_text(
         yaml.safe_dump(
@@ -193,6 +194,7 @@ def serve_slurmedic(cfg: LabConfig, tmp: Path, mode: str) -> Ledger:
                 # leaves would look like a switch storm: these tests are not about that.
                 "shared_cause": {"switch_min_nodes": 5, "cluster_min_nodes": 9},
             }
+            | overrides
         )
     )
     processes.stop(cfg, "slurmedic")

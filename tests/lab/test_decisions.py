@@ -171,10 +171,13 @@ def test_an_idle_node_that_fails_three_times_is_drained_three_times_across_resta
 
 
 def test_a_hang_seen_before_the_peers_timeouts_drains_the_silent_node(
-    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int], tmp_path: Path
 ) -> None:
-    # The lab's rules see a stall after 12 s; the peers' NCCL watchdogs fire after 30 s.
-    job, nodes = checkpointed_job(lab_cfg, submit, nccl_timeout=30.0)
+    # The order is made by events, not by clocks: the peers' NCCL watchdogs (600 s) fire only
+    # when the test says so, after TrainingHang was seen, and the stall waits for them however
+    # long they take (hang_wait 1h: no decision on the stall alone can come first).
+    enforce = serve_slurmedic(lab_cfg, tmp_path, "enforce", hang_wait="1h")
+    job, nodes = checkpointed_job(lab_cfg, submit, nccl_timeout=600.0)
     silent = nodes[1]
     manage.inject_job(lab_cfg, "hang", job, 1)
     incident = f"{job}.0"
@@ -183,9 +186,19 @@ def test_a_hang_seen_before_the_peers_timeouts_drains_the_silent_node(
         timeout=60,
         what="TrainingHang firing",
     )
-    # Nothing is decided on the stall alone while the peers have not timed out yet.
+    # The stall alone decides nothing: the incident waits for a node to be named.
+    eventually(
+        lambda: any(
+            a.labels.get("alertname") == "TrainingHang" and a.labels.get("slurm_job_id") == str(job)
+            for _, _, a in enforce.alerts_after(0)
+        ),
+        what="TrainingHang in slurmedic's ledger",
+    )
     assert not firing(lab_cfg, "TrainingNcclTimeout", slurm_job_id=str(job))
     assert not rows_of(enforce, incident), summary(rows_of(enforce, incident))
+    for rank in range(len(nodes)):
+        if nodes[rank] != silent:
+            manage.inject_job(lab_cfg, "timeout_now", job, rank)
     rows = wait_rows(
         enforce,
         incident,
@@ -225,6 +238,9 @@ def test_a_hang_seen_before_the_peers_timeouts_drains_the_silent_node(
         timeout=90,
         what="the recovery verified",
     )
+    # A restart with the lab's own hang_wait: the successor's stale TrainingHang is read again
+    # and must still decide nothing once a whole wait has passed.
+    enforce = serve_slurmedic(lab_cfg, tmp_path, "enforce")
     wait = float(monitoring.LAB_HANG_WAIT.removesuffix("s"))
     loop_looked_after(enforce, started + wait + 12, what="slurmedic's loop past a stall's wait")
     assert not rows_of(enforce, f"{job}.1"), summary(rows_of(enforce, f"{job}.1"))

@@ -135,7 +135,7 @@ def test_decisions_and_their_events(ledger: Ledger) -> None:
         "7.0",
     )
     assert [e.state for e in events] == ["recorded"]
-    assert ledger.decided_incidents() == {"7.0"}
+    assert {i.key for i in ledger.restore_incidents(since=T - timedelta(hours=1))} == {"7.0"}
     with ledger.session() as s:
         from webhook.ledger.schema import IncidentRow
 

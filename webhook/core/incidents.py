@@ -21,9 +21,6 @@ import hostlist
 from webhook.core.cluster import NODE_NAME
 
 Kind = Literal["attempt", "node", "verify", "resume"]
-# Characters any key is made of: what a drain reason may carry to Slurm.
-KEY_CHARS = r"A-Za-z0-9:._\[\],-"
-KEY = re.compile(rf"^[{KEY_CHARS}]{{1,64}}$")
 _ATTEMPT = re.compile(r"^(\d{1,10})\.(\d{1,6})$")
 _NODE = re.compile(r"^node:([A-Za-z0-9][A-Za-z0-9._-]{0,63}?)(?:[:#](\d{1,6}))?$")
 MAX_LEN = 64
@@ -90,11 +87,6 @@ class IncidentKey:
                 raise BadIncidentKey(f"{text[:80]!r} is not an incident key") from e
             return cls.resuming(tuple(nodes))
         raise BadIncidentKey(f"{text[:80]!r} is not an incident key")
-
-    @property
-    def is_job(self) -> bool:
-        """Whether the key names a job attempt (its own, or the verifier's of it)."""
-        return self.kind in ("attempt", "verify")
 
     def next_failure(self) -> IncidentKey:
         """The key of the node's next failure (node incidents only)."""

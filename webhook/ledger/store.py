@@ -287,11 +287,6 @@ class Ledger:
             ).all()
             return row, list(events)
 
-    def decided_incidents(self) -> set[str]:
-        with self.session() as s:
-            keys = set(s.scalars(select(IncidentRow.key)).all())
-            return keys | set(s.scalars(select(DecisionRow.incident).distinct()).all())
-
     def restore_incidents(self, since: datetime) -> list[Incident]:
         """The engine's incidents as the ledger holds them, for a restart: decided when, from
         which evidence, with which decisions in force, and whether one was carried out.
