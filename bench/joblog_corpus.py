@@ -2,7 +2,7 @@
 
 Runs the real mtail (the lab's stack's, as the tests do: SLURMEDIC_LAB_STACK or SLURMEDIC_MTAIL)
 with alert_rules/mtail/training.mtail over tests/data/joblog/corpus.yaml, each line in a per-rank
-file and again in a batch file (lab/joblog_corpus.py). A line is recognised when mtail counts
+file and again in a batch file (tests/joblog_corpus.py). A line is recognised when mtail counts
 exactly its expected counter with the right job, node and rank, and the rendered rules
 (alert_rules/joblog.rules.yml) raise its signal from that counter's gauge. False positives: a
 negative line that counts anything, in either file. Then mtail's pace: one per-rank file built by
@@ -24,8 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from lab import joblog_corpus, mtail_oneshot
+from lab import mtail_oneshot
 from lab.mtail_oneshot import Key
+from tests import joblog_corpus
 from webhook.rules.render import RULES_DIR
 
 GAUGE = re.compile(r"(training_log_\w+)_last_timestamp_seconds(\{xid=~\"([^\"]*)\"\})?")

@@ -16,7 +16,7 @@ from lab import manage, monitoring
 from lab.config import LabConfig
 from lab.slurm import LabError, slurm
 from webhook.core.cluster import ENDED_STATES
-from webhook.executor.dispatch import WAITING
+from webhook.core.lifecycle import WAITING
 from webhook.ledger.store import Ledger
 from webhook.service.config import load_config
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import requests
 
+from tests.local_server import TOKEN, start_server, stop_server
 from webhook.ledger.store import Ledger
-from webhook.service.local import TOKEN, start_server, stop_server
 
 
 def payload(client: int, seq: int) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import requests
@@ -26,3 +27,35 @@ def alerts(cfg: LabConfig, **labels: str) -> list[dict[str, Any]]:
     r.raise_for_status()
     result: list[dict[str, Any]] = r.json()
     return result
+
+
+def silences(cfg: LabConfig, created_by: str) -> list[dict[str, Any]]:
+    """Alertmanager's active silences created by `created_by`."""
+    r = requests.get(f"{cfg.alertmanager_url}/api/v2/silences", timeout=5)
+    r.raise_for_status()
+    return [
+        s for s in r.json() if s["createdBy"] == created_by and s["status"]["state"] == "active"
+    ]
+
+
+def silence(
+    cfg: LabConfig, labels: dict[str, str], *, lasting: timedelta, created_by: str, comment: str
+) -> str:
+    """Silence the alerts whose labels include `labels` (each an exact match); its ID."""
+    now = datetime.now(UTC)
+    body = {
+        "matchers": [{"name": k, "value": v, "isRegex": False} for k, v in sorted(labels.items())],
+        "startsAt": now.isoformat(),
+        "endsAt": (now + lasting).isoformat(),
+        "createdBy": created_by,
+        "comment": comment,
+    }
+    r = requests.post(f"{cfg.alertmanager_url}/api/v2/silences", json=body, timeout=5)
+    if r.status_code != 200:
+        raise LabError(f"silence {labels}: Alertmanager said {r.status_code} {r.text.strip()}")
+    return str(r.json()["silenceID"])
+
+
+def expire_silence(cfg: LabConfig, silence_id: str) -> None:
+    r = requests.delete(f"{cfg.alertmanager_url}/api/v2/silence/{silence_id}", timeout=5)
+    r.raise_for_status()

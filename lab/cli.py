@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from lab import api, manage, stacks
+from lab import api, manage, processes, stacks
 from lab.config import LabConfig
 from lab.slurm import LabError, node_states
 from lab.stacks import StackError
@@ -48,7 +48,8 @@ def lab_errors(fn: F) -> F:
     "--run-dir",
     type=click.Path(file_okay=False),
     envvar="SLURMEDIC_LAB_DIR",
-    help="Where the lab keeps its state [default: ./run/lab in the repo].",
+    help="Where the lab keeps its state [default: ./run/lab in the repo; installed from a "
+    "wheel, $XDG_STATE_HOME/slurmedic/lab or ~/.local/state/slurmedic/lab].",
 )
 @click.pass_context
 def lab(ctx: click.Context, run_dir: str | None) -> None:
@@ -168,6 +169,13 @@ def _print_status(cfg: LabConfig) -> None:
         detail = states.get(node, "") if d.name.startswith("slurmd-") else endpoints.get(d.name, "")
         pid = str(d.pid) if d.pid else "[red]stopped[/red]"
         t.add_row(d.name, pid, detail)
+    # slurmedic itself runs only after `lab serve` (tests start their own).
+    served = processes.read_pid(cfg, "slurmedic")
+    t.add_row(
+        "slurmedic",
+        str(served) if served else "[dim]not served (slurmedic lab serve)[/dim]",
+        f"{cfg.console_url} (users: {cfg.console_passwords_file})" if served else "",
+    )
     console.print(t)
 
 
@@ -289,16 +297,27 @@ def clear_cmd(cfg: LabConfig, node: str | None) -> None:
 
 
 @lab.command(name="serve")
+@click.option(
+    "--policy",
+    "policy",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="A policy file instead of the lab's (monitor mode), e.g. approve or enforce.",
+)
 @pass_cfg
 @lab_errors
-def serve_cmd(cfg: LabConfig) -> None:
+def serve_cmd(cfg: LabConfig, policy: Path | None) -> None:
     """Run `slurmedic serve` against the lab (monitor mode), as a lab process."""
     from lab import monitoring
 
-    monitoring.start_slurmedic(cfg)
+    if policy is not None:
+        from webhook.cli.common import policy_of
+
+        policy_of(policy)  # one line naming the key, before anything starts
+    monitoring.start_slurmedic(cfg, policy)
     click.echo(
         f"slurmedic serves {cfg.url(cfg.receiver_port)}/api/v1/alerts "
-        f"(config {cfg.slurmedic_config}); `slurmedic lab down` stops it"
+        f"(config {cfg.slurmedic_config}); `slurmedic lab down` stops it\n"
+        f"console: {cfg.console_url} (users and passwords: {cfg.console_passwords_file})"
     )
 
 
@@ -311,6 +330,49 @@ def demo(cfg: LabConfig, nodes: int) -> None:
     from lab import demo as demo_mod
 
     demo_mod.run(cfg, console, nodes=nodes)
+
+
+@lab.command(name="trial")
+@click.option(
+    "--fault",
+    "faults",
+    multiple=True,
+    help="Only these faults (repeatable; default: every one). `--list` names them.",
+)
+@click.option("--list", "list_only", is_flag=True, help="List the faults and exit.")
+@pass_cfg
+@lab_errors
+def trial_cmd(cfg: LabConfig, faults: tuple[str, ...], list_only: bool) -> None:
+    """Run a trial of every injectable fault against the served slurmedic (`lab serve`), one
+    training job each, and list what it recommended: judge them in the console."""
+    from lab import trial
+
+    known = {f.name: f for f in trial.FAULTS}
+    if list_only:
+        for f in trial.FAULTS:
+            click.echo(f"{f.name:12} {f.what}")
+        return
+    unknown = [f for f in faults if f not in known]
+    if unknown:
+        raise click.ClickException(f"--fault: {unknown[0]!r} is not one of {', '.join(known)}")
+    if processes.read_pid(cfg, "slurmedic") is None:
+        raise click.ClickException("slurmedic is not served: `slurmedic lab serve` first")
+
+    def show(o: trial.Outcome) -> None:
+        made = "; ".join(
+            f"#{r.id} {r.action} {','.join(r.nodes or r.exclude)} ({r.cause}"
+            + (f", guard {r.guard}" if r.guard else "")
+            + ")"
+            for r in o.decisions
+        )
+        console.print(f"{o.fault.name:12} job {o.job} on {o.node}: {made or 'no decision'}")
+
+    outcomes = trial.run(cfg, list(faults) or None, progress=show)
+    judged = sum(len(o.decisions) for o in outcomes)
+    console.print(
+        f"{len(outcomes)} faults, {judged} decisions: judge them at {cfg.console_url}, then "
+        f"`slurmedic trial report --config {cfg.slurmedic_config}`"
+    )
 
 
 @lab.command()

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import hostlist
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from webhook import resources
+
+# Where the `lab` and `webhook` packages are: the checkout, or site-packages for a wheel.
+CODE_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PORT_BASE = 17000
 
 # The environment variable every lab process carries: `lab down` finds strays by it.
@@ -26,6 +29,16 @@ def _default_stack() -> str:
     from lab.stacks import DEFAULT_STACK, STACK_ENV
 
     return os.environ.get(STACK_ENV) or DEFAULT_STACK
+
+
+def default_run_dir() -> Path:
+    """`run/lab` in a checkout; for an installed slurmedic, the user's state directory (its
+    own package directory is no place for a lab's state)."""
+    checkout = resources.checkout()
+    if checkout is not None:
+        return checkout / "run" / "lab"
+    state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(state) / "slurmedic" / "lab"
 
 
 @dataclass(frozen=True)
@@ -77,7 +90,7 @@ class LabConfig:
 
     @classmethod
     def from_env(cls, run_dir: Path | str | None = None) -> LabConfig:
-        rd = run_dir or os.environ.get(MARKER_ENV) or REPO_ROOT / "run" / "lab"
+        rd = run_dir or os.environ.get(MARKER_ENV) or default_run_dir()
         raw_base = os.environ.get("SLURMEDIC_LAB_PORT_BASE", str(DEFAULT_PORT_BASE))
         if not raw_base.isdigit():
             raise ValueError(
@@ -132,6 +145,20 @@ class LabConfig:
         return self.port_base + 93
 
     @property
+    def alertmanager_gossip_port(self) -> int:
+        """The lab's Alertmanager's cluster (gossip) port: a second Alertmanager peers with it."""
+        return self.port_base + 94
+
+    @property
+    def alertmanager_peer_port(self) -> int:
+        """The second Alertmanager's web port (started by the HA tests, `monitoring.add_peer`)."""
+        return self.port_base + 95
+
+    @property
+    def alertmanager_peer_gossip_port(self) -> int:
+        return self.port_base + 96
+
+    @property
     def mtail_port(self) -> int:
         return self.port_base + 903
 
@@ -141,6 +168,11 @@ class LabConfig:
 
     def dcgm_port(self, node: str) -> int:
         return self.port_base + 401 + self.nodes.index(node)
+
+    @property
+    def postgres_port(self) -> int:
+        """The lab's PostgreSQL (lab/postgres.py), for the replica tests' shared ledger."""
+        return self.port_base + 432
 
     @property
     def receiver_port(self) -> int:
@@ -205,6 +237,20 @@ class LabConfig:
     @property
     def slurmedic_config(self) -> Path:
         return self.etc / "slurmedic.yml"
+
+    @property
+    def console_users_file(self) -> Path:
+        """The console's users (password hashes): admin, approver and viewer."""
+        return self.etc / "console-users.yml"
+
+    @property
+    def console_passwords_file(self) -> Path:
+        """Their passwords, in clear, for whoever runs the lab (0600)."""
+        return self.etc / "console-passwords.yml"
+
+    @property
+    def console_url(self) -> str:
+        return f"{self.url(self.receiver_port)}/console/"
 
     @property
     def hostname(self) -> str:

@@ -11,8 +11,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-from lab import monitoring, processes, slurm, stacks
-from lab.config import REPO_ROOT, LabConfig
+from lab import monitoring, postgres, processes, slurm, stacks
+from lab.config import CODE_ROOT, LabConfig
 from lab.faults import (
     GpuFault,
     GpuFaultKind,
@@ -51,7 +51,7 @@ def daemon_ports(cfg: LabConfig) -> dict[str, list[int]]:
         "slurmctld": [cfg.slurmctld_port],
         **{f"slurmd-{n}": [cfg.slurmd_port(n)] for n in cfg.nodes},
         "prometheus": [cfg.prometheus_port],
-        "alertmanager": [cfg.alertmanager_port],
+        "alertmanager": [cfg.alertmanager_port, cfg.alertmanager_gossip_port],
         "pushgateway": [cfg.pushgateway_port],
         "mtail": [cfg.mtail_port],
         "dcgm-exporter": [cfg.dcgm_port(n) for n in cfg.nodes],
@@ -132,6 +132,10 @@ def down(cfg: LabConfig, *, purge: bool = False) -> list[int]:
         processes.stop(cfg, f"slurmd-{node}", grace=3.0)
     processes.stop(cfg, "slurmctld")
     processes.stop(cfg, "munged")
+    # Whatever else a test or a bench started as a lab daemon (a second slurmedic replica,
+    # PostgreSQL for their shared ledger).
+    for pidfile in sorted(cfg.pids.glob("*.pid")) if cfg.pids.is_dir() else []:
+        processes.stop(cfg, pidfile.stem)
     strays = list(processes.marked_pids(cfg))
     for pid in strays:
         with contextlib.suppress(ProcessLookupError):
@@ -139,6 +143,8 @@ def down(cfg: LabConfig, *, purge: bool = False) -> list[int]:
     processes.wait_until(lambda: not any(processes.is_alive(p) for p in strays), 5.0)
     if purge and cfg.run_dir.exists():
         shutil.rmtree(cfg.run_dir)
+    if purge:
+        shutil.rmtree(postgres.data_dir(cfg), ignore_errors=True)
     return strays
 
 
@@ -190,7 +196,7 @@ def submit_training(
         "--gres=gpu:8",
         "--requeue" if requeue else "--no-requeue",
         f"--output={cfg.jobs}/slurm-%j.out",
-        f"--chdir={REPO_ROOT}",
+        f"--chdir={CODE_ROOT}",
         f"--wrap=srun {shlex.join(trainer)}",
     ]
     if comment:

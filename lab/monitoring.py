@@ -1,7 +1,7 @@
 """Prometheus, Alertmanager, Pushgateway, mtail and the two fake exporters, on loopback.
 
 The lab scrapes and evaluates every second (production: 15-30 s) so that a test sees a fault
-as an alert within seconds. Rules come straight from the repo's `alert_rules/`, so the lab
+as an alert within seconds. Rules come straight from slurmedic's `alert_rules/`, so the lab
 always runs what operators would deploy, with the lab profile's short durations.
 """
 
@@ -16,16 +16,17 @@ import requests
 import yaml
 
 from lab import processes, stacks
-from lab.config import REPO_ROOT, LabConfig
+from lab.config import LabConfig
 from lab.slurm import LabError
+from webhook import resources
 from webhook.rules.render import RuleSource
 
-MTAIL_DIR = REPO_ROOT / "alert_rules" / "mtail"
+MTAIL_DIR = resources.MTAIL_PROGRAMS
 LAB_HANG_WAIT = "40s"  # the lab policy's hang_wait
-ALERTMANAGER_EXAMPLE = REPO_ROOT / "alert_rules" / "alertmanager.yml"
+ALERTMANAGER_EXAMPLE = resources.ALERTMANAGER_EXAMPLE
 
 
-def prometheus_config(cfg: LabConfig) -> dict[str, Any]:
+def prometheus_config(cfg: LabConfig, alertmanagers: list[int] | None = None) -> dict[str, Any]:
     def job(name: str, targets: list[int], **extra: Any) -> dict[str, Any]:
         return {
             "job_name": name,
@@ -43,7 +44,15 @@ def prometheus_config(cfg: LabConfig) -> dict[str, Any]:
         "rule_files": [str(cfg.run_dir / "rules" / "*.rules.yml")],
         "alerting": {
             "alertmanagers": [
-                {"static_configs": [{"targets": [f"127.0.0.1:{cfg.alertmanager_port}"]}]}
+                {
+                    "static_configs": [
+                        {
+                            "targets": [
+                                f"127.0.0.1:{p}" for p in alertmanagers or [cfg.alertmanager_port]
+                            ]
+                        }
+                    ]
+                }
             ]
         },
         "scrape_configs": [
@@ -128,7 +137,45 @@ def slurmedic_config(cfg: LabConfig) -> dict[str, Any]:
             "inventory": str(cfg.etc / "inventory.yml"),
             "artifacts_dir": str(cfg.run_dir / "slurmedic" / "artifacts"),
         },
+        "notify": {"alertmanager_url": cfg.alertmanager_url, "interval_seconds": 1},
+        "console": {
+            "enabled": True,
+            "users_file": str(cfg.console_users_file),
+            "secret_key_file": str(cfg.etc / "console.key"),
+            "public_url": cfg.url(cfg.receiver_port),
+            "dashboard_url": cfg.url(cfg.prometheus_port)
+            + "/graph?g0.expr=training_step%7Bslurm_job_id%3D%22{job}%22%7D",
+        },
     }
+
+
+LAB_USERS = {"admin": "admin", "approver": "approver", "viewer": "viewer"}  # name: role
+
+
+def write_console_users(cfg: LabConfig) -> None:
+    """The console's lab users, each with a random password (kept in etc/, 0600), once."""
+    from werkzeug.security import generate_password_hash
+
+    key = cfg.etc / "console.key"
+    if not key.exists():
+        key.write_text(secrets.token_urlsafe(48) + "\n")
+        key.chmod(0o600)
+    if cfg.console_users_file.exists() and cfg.console_passwords_file.exists():
+        return
+    passwords = {name: secrets.token_urlsafe(12) for name in LAB_USERS}
+    cfg.console_passwords_file.write_text(yaml.safe_dump(passwords))
+    cfg.console_passwords_file.chmod(0o600)
+    users = {
+        name: {"password_hash": generate_password_hash(passwords[name]), "role": role}
+        for name, role in LAB_USERS.items()
+    }
+    cfg.console_users_file.write_text(yaml.safe_dump(users))
+    cfg.console_users_file.chmod(0o600)
+
+
+def console_password(cfg: LabConfig, name: str) -> str:
+    passwords: dict[str, str] = yaml.safe_load(cfg.console_passwords_file.read_text())
+    return passwords[name]
 
 
 def inventory(cfg: LabConfig) -> dict[str, Any]:
@@ -194,6 +241,7 @@ def write_config(cfg: LabConfig) -> None:
         cfg.webhook_token_file.write_text(secrets.token_urlsafe(32) + "\n")
         cfg.webhook_token_file.chmod(0o600)
     _write_yaml(cfg.etc / "alertmanager.yml", alertmanager_config(cfg))
+    write_console_users(cfg)
     _write_yaml(cfg.slurmedic_config, slurmedic_config(cfg))
     _write_yaml(cfg.etc / "inventory.yml", inventory(cfg))
     # Monitor mode; a short settle window for the lab's pace; 8 nodes would give a breaker of
@@ -230,17 +278,7 @@ def start(cfg: LabConfig) -> None:
             "--storage.tsdb.retention.time=2d",
         ],
     )
-    processes.start(
-        cfg,
-        "alertmanager",
-        [
-            "prometheus-alertmanager",
-            f"--config.file={cfg.etc / 'alertmanager.yml'}",
-            f"--storage.path={rd / 'alertmanager'}",
-            f"--web.listen-address=127.0.0.1:{cfg.alertmanager_port}",
-            "--cluster.listen-address=",
-        ],
-    )
+    processes.start(cfg, "alertmanager", alertmanager_argv(cfg))
     processes.start(
         cfg,
         "pushgateway",
@@ -268,6 +306,89 @@ def start(cfg: LabConfig) -> None:
     processes.start(cfg, "slurm-exporter", [py, "-m", "lab.slurm_exporter"])
 
 
+def alertmanager_argv(cfg: LabConfig, *, peer: bool = False) -> list[str]:
+    """The lab's Alertmanager, or with `peer` a second one clustered with it (gossip on
+    loopback): both read the same config, and their cluster shares silences and which
+    notifications were sent, as a site's HA pair does. Alone, the lab's is a cluster of one."""
+    web, gossip = (
+        (cfg.alertmanager_peer_port, cfg.alertmanager_peer_gossip_port)
+        if peer
+        else (cfg.alertmanager_port, cfg.alertmanager_gossip_port)
+    )
+    return [
+        "prometheus-alertmanager",
+        f"--config.file={cfg.etc / 'alertmanager.yml'}",
+        f"--storage.path={cfg.run_dir / ('alertmanager-peer' if peer else 'alertmanager')}",
+        f"--web.listen-address=127.0.0.1:{web}",
+        f"--cluster.listen-address=127.0.0.1:{gossip}",
+        f"--cluster.advertise-address=127.0.0.1:{gossip}",
+        # An Alertmanager sends nothing until its cluster has settled (about 10 s by default,
+        # after each start); on loopback, with one peer at most, 2 s is plenty.
+        "--cluster.settle-timeout=2s",
+        *([f"--cluster.peer=127.0.0.1:{cfg.alertmanager_gossip_port}"] if peer else []),
+    ]
+
+
+def alertmanager_urls(cfg: LabConfig) -> list[str]:
+    """Every Alertmanager of the lab that runs: the lab's, and its peer while it runs."""
+    peer = processes.read_pid(cfg, "alertmanager-peer")
+    return [cfg.alertmanager_url] + (
+        [cfg.url(cfg.alertmanager_peer_port)] if peer and processes.is_alive(peer) else []
+    )
+
+
+def reload_alertmanagers(cfg: LabConfig) -> None:
+    """Every running Alertmanager reads alertmanager.yml again."""
+    for url in alertmanager_urls(cfg):
+        requests.post(f"{url}/-/reload", timeout=10).raise_for_status()
+
+
+def _reload_prometheus(cfg: LabConfig, alertmanagers: list[int]) -> None:
+    _write_yaml(cfg.etc / "prometheus.yml", prometheus_config(cfg, alertmanagers))
+    requests.post(f"{cfg.prometheus_url}/-/reload", timeout=10).raise_for_status()
+
+    def sending_to_all() -> bool:
+        r = requests.get(f"{cfg.prometheus_url}/api/v1/alertmanagers", timeout=2).json()
+        active = {a["url"].split("/")[2] for a in r["data"]["activeAlertmanagers"]}
+        return active == {f"127.0.0.1:{p}" for p in alertmanagers}
+
+    if not processes.wait_until(sending_to_all, 30, 0.2):
+        raise LabError(f"Prometheus does not send to the Alertmanagers on {alertmanagers}")
+
+
+def settled(url: str, peers: int = 1) -> bool:
+    """The Alertmanager at `url` has settled in a cluster of `peers` (it sends notifications)."""
+    cluster = requests.get(f"{url}/api/v2/status", timeout=2).json()["cluster"]
+    return bool(cluster["status"] == "ready" and len(cluster.get("peers") or []) == peers)
+
+
+def add_peer(cfg: LabConfig) -> str:
+    """A second Alertmanager clustered with the lab's, and Prometheus sending to both; its URL
+    once both see each other. Nothing of it is left when it fails half-way."""
+    processes.start(cfg, "alertmanager-peer", alertmanager_argv(cfg, peer=True))
+    url = cfg.url(cfg.alertmanager_peer_port)
+    try:
+
+        def clustered() -> bool:
+            return all(settled(u, peers=2) for u in (cfg.alertmanager_url, url))
+
+        if not processes.wait_until(clustered, 60, 0.2):
+            raise LabError(f"the two Alertmanagers do not see each other; see {cfg.logs}")
+        _reload_prometheus(cfg, [cfg.alertmanager_port, cfg.alertmanager_peer_port])
+    except Exception:
+        remove_peer(cfg)
+        raise
+    return url
+
+
+def remove_peer(cfg: LabConfig) -> None:
+    """The second Alertmanager stopped; Prometheus sends to the lab's alone again."""
+    try:
+        _reload_prometheus(cfg, [cfg.alertmanager_port])
+    finally:
+        processes.stop(cfg, "alertmanager-peer")
+
+
 READINESS: dict[str, Callable[[LabConfig], str]] = {
     "prometheus": lambda cfg: f"{cfg.prometheus_url}/-/ready",
     "alertmanager": lambda cfg: f"{cfg.alertmanager_url}/-/ready",
@@ -287,6 +408,9 @@ def wait_ready(cfg: LabConfig, timeout: float = 20.0) -> None:
 
         if not processes.wait_until(ok, timeout, 0.1):
             raise LabError(f"{name} is not ready at {url}; see {cfg.logs}/{name}.out")
+    # Ready to send: its cluster (of one) has settled; /-/ready says 200 before that.
+    if not processes.wait_until(lambda: settled(cfg.alertmanager_url), timeout, 0.1):
+        raise LabError(f"Alertmanager's cluster has not settled; see {cfg.logs}/alertmanager.out")
 
 
 def wait_scraped(cfg: LabConfig, timeout: float = 20.0) -> None:

@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lab import stacks
 from lab.config import LabConfig
+from webhook import resources
 
-PROGS = Path(__file__).resolve().parents[1] / "alert_rules" / "mtail"
+PROGS = resources.MTAIL_PROGRAMS
 
 # A sample of training_log_*: (metric name, slurm_job_id, node, rank, xid or "").
 Key = tuple[str, str, str, str, str]

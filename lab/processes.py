@@ -65,14 +65,54 @@ def start(
 
 
 def stop_pid(pid: int, *, grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL after `grace` seconds (slurmd ignores TERM while it retries)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    if wait_until(lambda: not is_alive(pid), grace):
+    """SIGTERM, then SIGKILL after `grace` seconds (slurmd ignores TERM while it retries).
+
+    A daemon the lab started leads a session of its own: the signals go to its whole process
+    group, and it is stopped when the whole group is, so what it started goes with it
+    (`slurmedic serve`'s loop must not go on deciding beside the next test's serve)."""
+    try:
+        group = os.getpgid(pid) == pid
+    except ProcessLookupError:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not is_alive(pid), 5.0)
+
+    def send(sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+
+    def gone() -> bool:
+        return not (group_members(pid) if group else is_alive(pid))
+
+    send(signal.SIGTERM)
+    if wait_until(gone, grace):
+        return
+    send(signal.SIGKILL)
+    wait_until(gone, 5.0)
+
+
+def state(pid: int) -> str:
+    """The process's state letter (R, S, T for stopped, Z, ...), or "" when it is gone."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
 
 
 def stop(cfg: LabConfig, name: str, *, grace: float = 5.0) -> bool:

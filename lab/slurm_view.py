@@ -8,7 +8,7 @@ import time
 
 from lab.config import LabConfig
 from webhook.adapters.slurm import SlurmCluster, SlurmError, SlurmNode, SlurmSnapshot
-from webhook.core.cluster import ACTIVE_STATES, Job
+from webhook.core.cluster import Job
 
 CACHE_S = 0.5
 
@@ -44,6 +44,6 @@ class SlurmView:
     def job_on(self, node: str) -> int | None:
         """The running job holding `node` (lab jobs are exclusive), or None."""
         for job in self.jobs():
-            if job.state in ACTIVE_STATES and node in job.nodes:
+            if job.active and node in job.nodes:
                 return job.id
         return None

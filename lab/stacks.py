@@ -28,7 +28,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.config import REPO_ROOT
+import slurmedic_progress
+
+from lab.config import CODE_ROOT
+from webhook import resources
 
 STACK_ENV = "SLURMEDIC_LAB_STACK"
 CACHE_ENV = "SLURMEDIC_STACK_CACHE"
@@ -105,7 +108,7 @@ class Stack:
     def exec_dir(self) -> Path:
         """The run directory `lab exec` writes its wrappers into, one per checkout (the
         wrappers bind the checkout's repo)."""
-        digest = hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()
+        digest = hashlib.sha256(str(CODE_ROOT).encode()).hexdigest()
         return cache_dir() / f"{self.root.name}.exec-{digest[:10]}"
 
     @property
@@ -265,9 +268,13 @@ def ensure_built(stack: Stack, *, log: Path | None = None) -> float:
 
 
 def binds(run_dir: Path, extra: tuple[Path, ...] = ()) -> list[Path]:
-    """Host directories the stack's processes see at their own paths: the repo (the simulator,
-    the mtail programs), the Python slurmedic runs on, and the lab's run directory."""
-    paths = [REPO_ROOT, Path(sys.prefix), Path(sys.base_prefix), run_dir, *extra]
+    """Host directories the stack's processes see at their own paths: the repo or site-packages
+    (the simulator), slurmedic's resources (the mtail programs), the progress reporter (an
+    editable install of it lives in its checkout), the Python slurmedic runs on, and the lab's
+    run directory."""
+    reporter = Path(slurmedic_progress.__file__).resolve().parents[1]
+    paths = [CODE_ROOT, resources.MTAIL_PROGRAMS, reporter, Path(sys.prefix), Path(sys.base_prefix)]
+    paths += [run_dir, *extra]
     for p in paths:
         if p.resolve() in (Path("/"), Path("/usr")):
             raise StackError(

@@ -4,8 +4,9 @@ It behaves like a data-parallel training job where it matters to slurmedic: rank
 lockstep (a file barrier stands in for the all-reduce), so one hung rank stalls them all and the
 others die with PyTorch's NCCL watchdog lines after the collective timeout; it checkpoints every
 few steps and resumes from the last complete checkpoint when Slurm requeues it; it reports
-progress through webhook.progress; and it logs to `<run>/joblogs/slurm-<job>-<node>-<rank>.out`,
-the file mtail tails. Faults come from `slurmedic lab inject job ...` through a control file.
+progress through slurmedic_progress, as a real job would; and it logs to
+`<run>/joblogs/slurm-<job>-<node>-<rank>.out`, the file mtail tails. Faults come from
+`slurmedic lab inject job ...` through a control file.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import os
 import sys
 import time
 
+from slurmedic_progress import ProgressReporter
+
 from lab.config import LabConfig
 from lab.faults import JobFault, control_path, load_job_control, write_json
-from webhook.progress import ProgressReporter
 
 BARRIER_POLL_S = 0.05
 

@@ -2,13 +2,15 @@
 # Install what slurmedic and its lab need, idempotently: Debian packages (only those missing,
 # without starting their system services), the project's .venv (reinstalled only when
 # pyproject.toml changed) and the roots of the lab's other stacks (Debian 13 and unstable, built
-# with debootstrap once and cached in /var/cache/slurmedic/stacks). Run as root on Debian 12.
+# with debootstrap once and cached in /var/cache/slurmedic/stacks). chromium is for the console's
+# browser tests. Run as root on Debian 12.
 # Arguments name the stacks to build (default: all of them; `none` for none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager
-          prometheus-pushgateway mtail postgresql python3 python3-venv debootstrap)
+          prometheus-pushgateway mtail postgresql python3 python3-venv debootstrap
+          chromium)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
@@ -35,11 +37,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.slurmedic-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml reporter/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "setup: installing slurmedic into .venv"
+  echo "setup: installing slurmedic and its progress reporter (reporter/) into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  # In one run, so that slurmedic's dependency on slurmedic-progress is met by the checkout's.
+  .venv/bin/python -m pip install -q -e ./reporter -e '.[dev]'
   echo "$want" > "$stamp"
 fi
 if [ "${1:-}" != none ]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite: lint, types, rule and config checks on every stack's
-# Prometheus, Alertmanager and mtail, unit tests, and the lab tests on every stack (each lab
-# test run brings up labs of its own on other ports and leaves nothing running).
+# Prometheus, Alertmanager and mtail, the built wheels from a bare venv (scripts/wheel_check.py),
+# unit tests, and the lab tests on every stack (each lab test run brings up labs of its own on
+# other ports and leaves nothing running).
 #
 # With arguments, they go to one pytest run on the default stack instead, e.g.
 # `./scripts/test.sh -m "not lab"` for the unit tests alone; SLURMEDIC_LAB_STACK picks the stack.
@@ -29,10 +30,13 @@ for stack in "${STACKS[@]}"; do
 done
 echo "== ansible-lint (production profile)"
 ansible-lint --offline playbooks/ inventory/
-echo "== pytest"
 if [ $# -gt 0 ]; then
+  echo "== pytest"
   exec pytest "$@"
 fi
+echo "== the wheels, installed into a bare venv outside the repo (and the reporter alone)"
+SLURMEDIC_LAB_STACK="${STACKS[0]}" python scripts/wheel_check.py
+echo "== pytest"
 # The whole suite on the first stack; the lab tests (real Slurm, Prometheus, Alertmanager,
 # mtail) and the mtail program's tests (the lab's lines and the corpus of real ones) on the others.
 SLURMEDIC_LAB_STACK="${STACKS[0]}" pytest

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import hostlist
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -24,14 +23,21 @@ from pydantic import (
 )
 
 from webhook.core.alerts import Alert, Payload, wrap
-from webhook.core.cluster import ENDED_STATES, NODE_NAME, ClusterView, Job, Node
+from webhook.core.cluster import ACTIVE_STATES, JOB_BASE_STATES, NODE_NAME, ClusterView, Job, Node
 from webhook.core.decisions import Decision, PastAction
 from webhook.core.engine import Engine
-from webhook.core.policy import PolicyError, describe, load_policy
+from webhook.core.policy import PolicyError, load_policy
+from webhook.core.signals import SIGNALS
+from webhook.core.validation import describe
+from webhook.files import FileError, load_mapping
 
 
 class ScenarioError(ValueError):
     """Not a valid scenario; the message names the field and why."""
+
+
+# A job's `state:`: Slurm's base states, and the flags a job is seen in while it moves.
+JOB_STATES = frozenset(JOB_BASE_STATES | ACTIVE_STATES | {"REQUEUED", "REQUEUE_HOLD"})
 
 
 def _expand(expr: str) -> list[str]:
@@ -153,16 +159,50 @@ class Scenario(_Model):
                 raise ValueError(f"events.{i}.at: events must be in time order")
         return self
 
+    @model_validator(mode="after")
+    def _vocabulary(self) -> Scenario:
+        """A mistyped signal, job state or node would otherwise pass silently: the alert is
+        kept and never acted on, the job is neither running nor ended, the node is unknown."""
+        cluster = {n for g in self.cluster.nodes for n in _expand(g.names)}
+        cluster |= {
+            n for e in self.events if e.cluster for g in e.cluster.nodes for n in _expand(g.names)
+        }
+
+        def outside(where: str, nodes: list[str]) -> None:
+            if bad := [n for n in nodes if n not in cluster]:
+                raise ValueError(f"{where}: {bad[0]!r} is not a node of the scenario's cluster")
+
+        def state(where: str, value: str | None) -> None:
+            if value is not None and value not in JOB_STATES:
+                raise ValueError(f"{where}: {value!r} is not a Slurm job state")
+
+        for i, sw in enumerate(self.cluster.switches):
+            outside(f"cluster.switches.{i}.nodes", _expand(sw.nodes))
+        for i, j in enumerate(self.cluster.jobs):
+            state(f"cluster.jobs.{i}.state", j.state)
+            outside(f"cluster.jobs.{i}.nodes", _expand(j.nodes) if j.nodes else [])
+        for i, h in enumerate(self.history):
+            outside(f"history.{i}.nodes", [*h.nodes, *h.exclude])
+        for i, e in enumerate(self.events):
+            for k, jc in enumerate(e.cluster.jobs if e.cluster else []):
+                state(f"events.{i}.cluster.jobs.{k}.state", jc.state)
+                outside(f"events.{i}.cluster.jobs.{k}.nodes", _expand(jc.nodes or ""))
+            alerts = e.alerts or (e.payload.alerts if e.payload else [])
+            for k, a in enumerate(alerts):
+                signal = a.labels.get("signal", "")
+                if signal and signal not in SIGNALS:
+                    known = ", ".join(sorted(SIGNALS))
+                    raise ValueError(
+                        f"events.{i}.alerts.{k}.labels.signal: {signal!r} is not one of {known}"
+                    )
+        return self
+
 
 def load(path: Path) -> Scenario:
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ScenarioError(f"{path}: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: not YAML ({str(e).splitlines()[0]})") from e
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: a scenario is a mapping")
+        data = load_mapping(path, "scenario")
+    except FileError as e:
+        raise ScenarioError(str(e)) from e
     try:
         return Scenario.model_validate(data)
     except ValidationError as e:
@@ -212,11 +252,7 @@ def apply_change(view: ClusterView, change: ClusterChange, at: datetime) -> None
         if "nodes" in updates:
             updates["nodes"] = tuple(_expand(updates["nodes"]))
         new_job = replace(old_job, **updates)
-        if (
-            new_job.ended is None
-            and new_job.state in ENDED_STATES
-            and old_job.state not in ENDED_STATES
-        ):
+        if new_job.ended is None and new_job.interrupted and not old_job.interrupted:
             new_job = replace(new_job, ended=at)  # the scenario's clock says when it ended
         view.set_job(new_job)
 
@@ -276,3 +312,32 @@ def supersede(earlier: list[Decision], new: list[Decision]) -> list[Decision]:
 def replay_json(path: Path) -> dict[str, Any]:
     scenario = load(path)
     return {"scenario": scenario.name, "decisions": [d.to_json() for d in run(scenario)]}
+
+
+def matches(decision: dict[str, Any], want: dict[str, Any], *, overlap: bool) -> bool:
+    """`expect.decisions`: every key given equal, lists as sets. `expect.never` (`overlap`):
+    scalars equal, lists sharing an element."""
+    for key, value in want.items():
+        got = decision.get(key)
+        if isinstance(value, list):
+            got_set, want_set = set(got or []), set(value)
+            if (not got_set & want_set) if overlap else got_set != want_set:
+                return False
+        elif got != value:
+            return False
+    return True
+
+
+def unmet(expect: dict[str, Any] | None, decisions: list[dict[str, Any]]) -> list[str]:
+    """What of a scenario's `expect` the decisions do not hold, one line each (empty: all)."""
+    expect = expect or {}
+    out = []
+    for want in expect.get("decisions", []):
+        if not any(matches(d, want, overlap=False) for d in decisions):
+            out.append(f"expected, not decided: {want}")
+    for never in expect.get("never", []):
+        for d in decisions:
+            if matches(d, never, overlap=True):
+                what = {k: d.get(k) for k in ("incident", "action", "nodes", "exclude", "state")}
+                out.append(f"decided, but never expected ({never}): {what}")
+    return out

@@ -6,11 +6,13 @@ It is brought up once for all lab tests and torn down at the end, leaving nothin
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
+import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,14 +22,15 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from lab import api, manage, monitoring, processes
+from lab import api, manage, monitoring, postgres, processes
 from lab.config import LabConfig
 from lab.slurm import slurm
 from webhook.ledger.store import Ledger
 from webhook.service.config import load_config
 
 T = TypeVar("T")
-TEST_PORT_BASE = 27000
+# SLURMEDIC_TEST_PORT_BASE lets two test runs share one machine.
+TEST_PORT_BASE = int(os.environ.get("SLURMEDIC_TEST_PORT_BASE", "27000"))
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +41,8 @@ def lab_cfg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabConfig]:
         yield cfg
     finally:
         manage.down(cfg)
+        # The replica tests' PostgreSQL keeps its cluster outside the run dir.
+        shutil.rmtree(postgres.data_dir(cfg), ignore_errors=True)
 
 
 @pytest.fixture
@@ -56,11 +61,24 @@ def submit(lab_cfg: LabConfig) -> Iterator[Callable[..., int]]:
     yield _submit
     if jobs:
         slurm(lab_cfg, "scancel", *map(str, jobs), check=False)
-        eventually(
-            lambda: not slurm(lab_cfg, "squeue", "-h", "-o", "%i", check=False).strip(),
-            timeout=20,
-            what="jobs cancelled",
-        )
+        try:
+            eventually(lambda: not queue(lab_cfg), timeout=30, what="jobs cancelled")
+        except AssertionError as e:
+            # Say what is left, and leave nothing: one test's leftover job would hold nodes
+            # (and fail this same wait) in every test after it.
+            left = queue(lab_cfg)
+            slurm(lab_cfg, "scancel", "--full", *(line.split()[0] for line in left), check=False)
+            eventually(lambda: not queue(lab_cfg), timeout=60, what="leftover jobs cancelled")
+            stories = "\n".join(job_story(lab_cfg, int(line.split()[0])) for line in left)
+            raise AssertionError(
+                f"{e}; jobs left (id state reason nodes name): {left}\n{stories}"
+            ) from None
+
+
+def queue(cfg: LabConfig) -> list[str]:
+    """Every job Slurm still knows, a line each: id, state, reason, nodes, name."""
+    out = slurm(cfg, "squeue", "-h", "-o", "%i %T %r %N %j", check=False)
+    return [line for line in out.splitlines() if line.strip()]
 
 
 @pytest.fixture
@@ -81,14 +99,44 @@ def eventually(
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            last = probe()
+            got = probe()
         except Exception as e:
             last = e
         else:
-            if last:
-                return last
+            last = got
+            if got:
+                return got
         time.sleep(interval)
     raise AssertionError(f"{what} not reached in {timeout:.0f}s; last: {last!r}")
+
+
+def quiet(cfg: LabConfig, job: int, nodes: list[str], *, timeout: float = 120.0) -> None:
+    """Wait until no alert for slurmedic that could be evidence about `job` names any of its
+    `nodes`, in Prometheus (firing or pending) or in Alertmanager: an earlier test's fault,
+    cleared but not yet resolved, would otherwise be evidence in the incident this test is
+    about (its GPU series take the new job's id, so a silence of the old alert does not cover
+    them). An alert that names another job is that job's, whatever its node (slurmedic files
+    it there): a job log's alerts outlive their job by their window."""
+    pattern = "|".join(re.escape(n) for n in nodes)
+
+    def ours(labels: dict[str, str]) -> bool:
+        return labels.get("node") in nodes and labels.get("slurm_job_id") in (None, str(job))
+
+    def about_nodes() -> list[dict[str, str]]:
+        found = [r["labels"] for r in api.query(cfg, f'ALERTS{{signal!="",node=~"{pattern}"}}')]
+        found += [a["labels"] for a in api.alerts(cfg) if a["labels"].get("signal")]
+        return [labels for labels in found if ours(labels)]
+
+    left: list[dict[str, str]] = []
+
+    def none_left() -> bool:
+        left[:] = about_nodes()
+        return not left
+
+    try:
+        eventually(none_left, timeout=timeout, what=f"no alert about {pattern}")
+    except AssertionError:
+        raise AssertionError(f"alerts about {pattern} still active: {left}") from None
 
 
 def query(cfg: LabConfig, promql: str) -> list[dict[str, Any]]:
@@ -109,13 +157,58 @@ def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 def running_nodes(cfg: LabConfig, job: int) -> list[str]:
+    """The nodes of `job` once its attempt runs on every one of them.
+
+    RUNNING in Slurm means the batch script started; srun may still be launching the ranks. A
+    test that kills a node then would fail the launch (the job ends in an error, not
+    NODE_FAIL), so this waits for every rank's first line of this attempt in its log."""
+
     def nodes() -> list[str]:
         try:
-            return manage.running_job(cfg, job)[0]
+            names, attempt = manage.running_job(cfg, job)
         except Exception:
             return []
+        for rank, node in enumerate(names):
+            log = joblog(cfg, job, node, rank)
+            if f" job {job} attempt {attempt} on {node}:" not in (
+                log.read_text() if log.exists() else ""
+            ):
+                return []
+        return names
 
-    return eventually(nodes, what=f"job {job} running")
+    return eventually(nodes, timeout=30, what=f"job {job} running on every node")
+
+
+def job_story(cfg: LabConfig, job: int) -> str:
+    """What Slurm says of `job`: its state now and slurmctld's log lines about it. A failed
+    wait's message, so a lab failure in CI says what Slurm did without its logs."""
+    try:
+        info = manage.show_job(cfg, job)
+        now = " ".join(
+            f"{k}={info.get(k)}"
+            for k in ("JobState", "Reason", "Restarts", "NodeList", "ExcNodeList", "BatchHost")
+        )
+    except Exception as e:
+        now = f"(not known: {e})"
+    log = cfg.logs / "slurmctld.log"
+    about = re.compile(rf"JobId={job}(\D|$)")
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if about.search(ln)]
+    return "\n".join([f"job {job}: {now}", *lines[-40:]])
+
+
+def next_attempt(cfg: LabConfig, job: int, restarts: int = 1, timeout: float = 60) -> list[str]:
+    """The nodes of `job`'s attempt `restarts` once it runs on all of them (`running_nodes`)."""
+
+    def running() -> list[str]:
+        info = manage.show_job(cfg, job)
+        if info["JobState"] != "RUNNING" or info["Restarts"] != str(restarts):
+            return []
+        return running_nodes(cfg, job)
+
+    try:
+        return eventually(running, timeout=timeout, what=f"attempt {restarts} running")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{job_story(cfg, job)}") from None
 
 
 def joblog(cfg: LabConfig, job: int, node: str, rank: int) -> Path:
@@ -179,8 +272,8 @@ def receiver(lab_cfg: LabConfig) -> Iterator[Receiver]:
     r.server.server_close()
 
 
-def serve_slurmedic(cfg: LabConfig, tmp: Path, mode: str, **overrides: Any) -> Ledger:
-    """slurmedic with the lab tests' policy in `mode` (`overrides` replace its keys)."""
+def lab_policy(tmp: Path, mode: str, **overrides: Any) -> Path:
+    """The lab tests' policy in `mode` (`overrides` replace its keys), written in `tmp`."""
     policy = tmp / f"policy-{mode}.yml"
     policy.write_text(
         yaml.safe_dump(
@@ -197,22 +290,81 @@ def serve_slurmedic(cfg: LabConfig, tmp: Path, mode: str, **overrides: Any) -> L
             | overrides
         )
     )
+    return policy
+
+
+def serve_slurmedic(
+    cfg: LabConfig, tmp: Path, mode: str, *, restart: bool = False, **overrides: Any
+) -> Ledger:
+    """slurmedic with the lab tests' policy in `mode` (`overrides` replace its keys), on a new
+    ledger; with `restart`, the running one restarted on its ledger, with this policy."""
+    policy = lab_policy(tmp, mode, **overrides)
     processes.stop(cfg, "slurmedic")
-    # Earlier tests' drains (monitor ones too) count against the breaker; a human resets it.
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "webhook.cli",
-            "breaker",
-            "reset",
-            f"--config={cfg.slurmedic_config}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
+    if not restart:
+        start_afresh(cfg)
     monitoring.start_slurmedic(cfg, policy)
     return Ledger(load_config(cfg.slurmedic_config).database_url)
+
+
+def start_afresh(cfg: LabConfig) -> None:
+    """What the next slurmedic must not inherit from earlier tests: their ledger (with it their
+    drains on the breaker, and its state), their alerts still in Alertmanager."""
+    # A ledger of its own: alerts an earlier test's slurmedic stored but had not decided (a
+    # fault that test left, seen just before it healed the cluster) would be decided by this
+    # one after its restart, as they must be in production. Earlier ledgers stay beside it.
+    # The new ledger holds no drain and a closed breaker: nothing to reset (a command on a
+    # ledger that does not exist yet is refused, as it must be).
+    db = Path(load_config(cfg.slurmedic_config).database_url.removeprefix("sqlite:///"))
+    if db.exists():
+        kept = len(list(db.parent.glob("ledger.*.db")))
+        for part in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+            if part.exists():
+                part.rename(db.with_name(f"ledger.{kept}.db{part.name.removeprefix(db.name)}"))
+    silence_leftovers(cfg)
+
+
+SILENCER = "slurmedic-lab-tests"
+SESSION = timedelta(days=1)  # longer than any test session; expired when its alert has gone
+
+
+def silence_leftovers(cfg: LabConfig) -> None:
+    """Silence, in Alertmanager, every alert for slurmedic that is active or pending now.
+
+    They are earlier tests' (this test has injected nothing yet): faults already cleared whose
+    windows have not passed, jobs already ended. A slurmedic started on a ledger of its own
+    would take them as new and act, as it must in production: requeue another test's crashed
+    job, drain a node healed since. Each silence matches one alert's labels exactly, so a new
+    fault (another job, node or GPU) is not covered. A silence lasts until its alert has gone
+    (expired here, at a later start), not for a guessed time: the session's lab goes with it."""
+    firing = [a["labels"] for a in api.alerts(cfg) if a["labels"].get("signal")]
+    pending = [
+        {k: v for k, v in r["labels"].items() if k not in ("__name__", "alertstate")}
+        for r in api.query(cfg, 'ALERTS{signal!=""}')
+    ]
+    # An alert of a GPU no job holds has no job label, and a silence of its labels would match
+    # the same GPU's next fault in a job too (extra labels do not stop a matcher): the job
+    # label is matched empty, as it is.
+    leftovers = {
+        tuple(sorted(({"slurm_job_id": ""} | labels).items())) for labels in firing + pending
+    }
+
+    def covers(matchers: set[tuple[str, str]]) -> bool:
+        return any(matchers <= set(labels) for labels in leftovers)
+
+    kept = []
+    for s in api.silences(cfg, SILENCER):
+        matchers = {(m["name"], m["value"]) for m in s["matchers"]}
+        if covers(matchers):
+            kept.append(matchers)
+        else:
+            api.expire_silence(cfg, s["id"])
+    for labels in sorted(leftovers, key=len):
+        if not any(m <= set(labels) for m in kept):
+            api.silence(
+                cfg,
+                dict(labels),
+                lasting=SESSION,
+                created_by=SILENCER,
+                comment="left by an earlier lab test",
+            )
+            kept.append(set(labels))

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from lab import manage, monitoring, processes
+from lab import api, manage, monitoring, processes
 from lab.config import LabConfig
 from lab.slurm import node_states, slurm
 from tests.lab.conftest import eventually, joblog, query, running_nodes, serve_slurmedic
 from tests.lab.test_remediation import checkpointed_job, cli, healthy_after, mapped, restore
 from webhook.ledger.schema import DecisionRow
+from webhook.ledger.settings import Heartbeat, Jobs
 from webhook.ledger.store import Ledger
 
 pytestmark = pytest.mark.lab
@@ -97,7 +98,7 @@ def drained(cfg: LabConfig) -> list[str]:
 def loop_looked_after(ledger: Ledger, t: float, *, what: str) -> None:
     """Wait until slurmedic's loop has run a step later than `t` (its heartbeat, every 5 s)."""
     eventually(
-        lambda: (hb := ledger.setting("loop")) is not None and float(hb["at"]) > t,
+        lambda: ledger.setting(Heartbeat).at > t,
         timeout=max(0.0, t - time.time()) + 30,
         what=what,
     )
@@ -217,11 +218,13 @@ def test_a_hang_seen_before_the_peers_timeouts_drains_the_silent_node(
     # A decision on the stall alone, if one was made, never ran: it was superseded.
     hang = [r for r in rows if r.cause == "hang"]
     assert all(r.state == "superseded" for r in hang), summary(rows)
-    # The evidence: the stall was seen first, the peers' timeouts (not the silent rank's) later.
+    # The evidence: the stall (in the ledger before the timeouts were caused, above) and the
+    # peers' timeouts, not the silent rank's. Evidence keeps startsAt to the second, and the
+    # timeouts can fire within the second the stall reached slurmedic: not before it.
     starts: dict[str, list[str]] = {}
     for e in drain.evidence:
         starts.setdefault(e["alertname"], []).append(e["startsAt"])
-    assert min(starts["TrainingHang"]) < min(starts["TrainingNcclTimeout"]), drain.evidence
+    assert min(starts["TrainingHang"]) <= min(starts["TrainingNcclTimeout"]), drain.evidence
     timed_out = {e["node"] for e in drain.evidence if e["alertname"] == "TrainingNcclTimeout"}
     assert timed_out == set(nodes) - {silent}, drain.evidence
     # Slurm: the node drained with this incident's reason, the successor elsewhere.
@@ -240,7 +243,7 @@ def test_a_hang_seen_before_the_peers_timeouts_drains_the_silent_node(
     )
     # A restart with the lab's own hang_wait: the successor's stale TrainingHang is read again
     # and must still decide nothing once a whole wait has passed.
-    enforce = serve_slurmedic(lab_cfg, tmp_path, "enforce")
+    enforce = serve_slurmedic(lab_cfg, tmp_path, "enforce", restart=True)
     wait = float(monitoring.LAB_HANG_WAIT.removesuffix("s"))
     loop_looked_after(enforce, started + wait + 12, what="slurmedic's loop past a stall's wait")
     assert not rows_of(enforce, f"{job}.1"), summary(rows_of(enforce, f"{job}.1"))
@@ -273,6 +276,16 @@ def test_a_lone_application_xid_leaves_the_training_job_alone_and_tells_people(
         ("escalate", "application", "job_running", "executed"),
     }, summary(rows)
     assert {e["alertname"] for r in rows for e in r.evidence} == {"GpuXidApplicationFault"}
+    # People hear of the escalation through the site's Alertmanager, with the job, the cause
+    # and a link to the console page, until someone records a verdict on it.
+    (escalated,) = [r for r in rows if r.action == "escalate"]
+    notice = {"alertname": "SlurmedicEscalation", "incident": incident}
+    (posted,) = eventually(
+        lambda: api.alerts(lab_cfg, **notice), timeout=60, what="the escalation in Alertmanager"
+    )
+    assert posted["labels"]["slurm_job_id"] == str(job), posted
+    assert posted["labels"]["cause"] == "application" and posted["labels"]["severity"] == "critical"
+    assert posted["annotations"]["console"].endswith(f"/console/incident/{incident}"), posted
     # The job keeps training well after the decision: slurmedic leaves it alone.
     at_decision = step_of(lab_cfg, job)
     eventually(
@@ -286,6 +299,11 @@ def test_a_lone_application_xid_leaves_the_training_job_alone_and_tells_people(
     later = rows_of(enforce, incident)
     assert not [r for r in later if r.action in ("stop", "drain", "requeue")], summary(later)
     assert not [r for r in later if r.state == "superseded"], summary(later)
+    # Still open: nobody has said anything yet. A verdict handles it.
+    assert api.alerts(lab_cfg, **notice), "the escalation resolved before anyone judged it"
+    out = cli(lab_cfg, "verdict", str(escalated.id), "agree", "--note", "the owner was told")
+    assert out.returncode == 0, out.stderr
+    eventually(lambda: not api.alerts(lab_cfg, **notice), timeout=60, what="the notice resolved")
 
 
 def test_a_job_its_owner_cancels_after_an_application_xid_is_not_stopped(
@@ -308,7 +326,7 @@ def test_a_job_its_owner_cancels_after_an_application_xid_is_not_stopped(
         what="the decisions on the XID",
     )
     eventually(
-        lambda: str(job) in (enforce.setting("jobs") or {}),
+        lambda: str(job) in enforce.setting(Jobs).root,
         timeout=30,
         what="slurmedic publishing the running job",
     )
@@ -319,7 +337,7 @@ def test_a_job_its_owner_cancels_after_an_application_xid_is_not_stopped(
     cancelled = time.time()
     # slurmedic's view has the cancellation (the job leaves the jobs it publishes) ...
     eventually(
-        lambda: str(job) not in (enforce.setting("jobs") or {}),
+        lambda: str(job) not in enforce.setting(Jobs).root,
         timeout=30,
         what="slurmedic seeing the job end",
     )

@@ -21,7 +21,15 @@ import pytest
 from lab import api, manage, monitoring, processes
 from lab.config import LabConfig
 from lab.slurm import node_states, slurm
-from tests.lab.conftest import eventually, joblog, query, running_nodes, serve_slurmedic
+from tests.lab.conftest import (
+    eventually,
+    joblog,
+    next_attempt,
+    query,
+    running_nodes,
+    serve_slurmedic,
+)
+from webhook.core.lifecycle import AWAITING_APPROVAL
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
 from webhook.rules import dashboards
@@ -75,6 +83,18 @@ def decided(ledger: Ledger, incident: str, n: int, states: set[str]) -> dict[str
     return eventually(done, timeout=60, what=f"{n} decision(s) of {incident} in {states}")
 
 
+def failures(ledger: Ledger, rows: dict[str, DecisionRow]) -> str:
+    """What the ledger holds of every run that failed: an assertion's message, so a lab failure
+    in CI says why without its ledger."""
+    lines = []
+    for row in rows.values():
+        if row.state != "failed" or (found := ledger.decision(row.id)) is None:
+            continue
+        for event in found[1]:
+            lines.append(f"{row.action} #{row.id} {event.state} at {event.at}: {event.detail}")
+    return "\n".join(lines)
+
+
 def mapped(cfg: LabConfig, job: int) -> None:
     eventually(
         lambda: query(cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'), what="job mapped"
@@ -100,21 +120,15 @@ def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
     bad = nodes[1]
     manage.inject_gpu(lab_cfg, "xid", bad, 4, xid=79)
     rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
-    assert {a: r.state for a, r in rows.items()} == {"drain": "executed", "requeue": "executed"}
+    assert {a: r.state for a, r in rows.items()} == {
+        "drain": "executed",
+        "requeue": "executed",
+    }, failures(enforce, rows)
     # The node is drained with slurmedic's reason ...
     info = slurm(lab_cfg, "scontrol", "show", "node", bad, "-o")
     assert "DRAIN" in info and f"Reason=slurmedic: {job}.0 gpu_hardware" in info
     # ... the job runs again, without it, and resumes from its checkpoint.
-    new = eventually(
-        lambda: (
-            (i := manage.show_job(lab_cfg, job))
-            and i["JobState"] == "RUNNING"
-            and i["Restarts"] == "1"
-            and running_nodes(lab_cfg, job)
-        ),
-        timeout=60,
-        what="attempt 1 running",
-    )
+    new = next_attempt(lab_cfg, job)
     assert bad not in new
     line = eventually(
         lambda: [
@@ -169,6 +183,7 @@ def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
         ),
         what="diagnostics recorded",
     )
+    assert diag is not None
     node = diag["nodes"][bad]
     assert node["verdict"] == "unhealthy", node
     assert "nvidia-smi shows 7 of 8 GPUs" in node["problems"]
@@ -206,9 +221,14 @@ def test_every_dashboard_query_answers_after_a_recovery(
     for q in everything:
         api.query(lab_cfg, q.expr)  # raises with Prometheus's error if a query is invalid
 
+    # As a panel over the last 10 minutes shows it (a range, as Grafana asks): the recovered
+    # job has ended since (the test above cancelled it), so its series may already be stale
+    # at this instant, while the dashboard still shows its run.
     def empty() -> list[str]:
         return [
-            f"{q.dashboard} {q.title!r}: {q.expr}" for q in must if not api.query(lab_cfg, q.expr)
+            f"{q.dashboard} {q.title!r}: {q.expr}"
+            for q in must
+            if not api.query(lab_cfg, f"count_over_time(({q.expr})[10m:1s])")
         ]
 
     try:
@@ -226,7 +246,7 @@ def test_enforce_stops_an_application_failure_and_drains_nothing(
     drained_before = slurm(lab_cfg, "sinfo", "-h", "-t", "drain", "-o", "%N")
     manage.inject_job(lab_cfg, "crash_cuda", job, 0)
     rows = decided(enforce, f"{job}.0", 1, {"executed", "failed"})
-    assert list(rows) == ["stop"] and rows["stop"].state == "executed"
+    assert list(rows) == ["stop"] and rows["stop"].state == "executed", failures(enforce, rows)
     assert slurm(lab_cfg, "sinfo", "-h", "-t", "drain", "-o", "%N") == drained_before
     state = manage.show_job(lab_cfg, job)["JobState"]
     assert state in ("CANCELLED", "FAILED"), state  # cancelled, or already failed on its own
@@ -258,8 +278,18 @@ def test_approve_mode_waits_for_a_human(
     )
     manage.inject_gpu(lab_cfg, "xid", nodes[2], 1, xid=79)
     rows = decided(ledger, f"{job}.0", 2, {"awaiting_approval"})
-    listed = cli(lab_cfg, "review").stdout
+    # The approver reads the exact commands first: the dry runs, computed while they wait.
+    drain = f'scontrol update nodename={nodes[2]} state=drain reason="slurmedic: {job}.0'
+    # Each is a check-mode playbook run, one after the other within the incident: seconds each
+    # on a quiet machine, more on a loaded one (the deadline only bounds a hang).
+    listed = eventually(
+        lambda: (out := cli(lab_cfg, "review").stdout).count("not recorded yet") == 0 and out,
+        timeout=120,
+        what="both dry runs in review",
+    )
+    assert isinstance(listed, str)
     assert "waiting for approval" in listed and "XID 79" in listed
+    assert drain in listed and f"scontrol requeuehold {job}" in listed, listed
     # Nothing moves without a human.
     assert (
         slurm(lab_cfg, "sinfo", "-h", "-N", "-o", "%N %t"),
@@ -271,6 +301,7 @@ def test_approve_mode_waits_for_a_human(
     assert out.returncode == 0, out.stderr
     eventually(
         lambda: "DRAIN" in slurm(lab_cfg, "scontrol", "show", "node", nodes[2], "-o"),
+        timeout=120,
         what="approved drain carried out",
     )
     # The rejected requeue never ran: the job keeps its attempt.
@@ -281,6 +312,33 @@ def test_approve_mode_waits_for_a_human(
     # Approving twice is refused, with a reason.
     again = cli(lab_cfg, "approve", str(rows["drain"].id))
     assert again.returncode == 1 and "not awaiting_approval" in again.stderr
+
+
+def test_an_escalation_in_approve_mode_reaches_people_without_an_approval(
+    lab_cfg: LabConfig,
+    enforce: Ledger,
+    submit: Callable[..., int],
+    tmp_path: Path,
+) -> None:
+    ledger = serve_slurmedic(lab_cfg, tmp_path, "approve")
+    job = submit(nodes=2)
+    nodes = running_nodes(lab_cfg, job)
+    mapped(lab_cfg, job)
+    incident = f"{job}.0"
+    # An application XID on a job that keeps training: slurmedic leaves it alone and hands
+    # the incident to a human. That changes nothing in Slurm, so nothing waits for approval.
+    manage.inject_gpu(lab_cfg, "xid", nodes[1], 0, xid=13)
+    rows = decided(ledger, incident, 2, {"recorded", "executed"})
+    assert (rows["escalate"].mode, rows["escalate"].state) == ("approve", "executed")
+    assert rows["none"].guard == "job_running"
+    escalation = {"alertname": "SlurmedicEscalation", "incident": incident}
+    eventually(lambda: api.alerts(lab_cfg, **escalation), timeout=60, what="the escalation")
+    assert not api.alerts(lab_cfg, alertname="SlurmedicAwaitingApproval", incident=incident)
+    # Only this incident is asked about: an earlier test's alert still in Alertmanager's
+    # retries may add a waiting drain of its own to the queue.
+    assert not [r for r in ledger.in_state(AWAITING_APPROVAL) if r.incident == incident]
+    queue = cli(lab_cfg, "review").stdout
+    assert not [r for r in rows.values() if f"\n{r.id} {r.action}: would run" in queue]
 
 
 def test_the_global_switch_sends_enforce_back_to_dry_runs_at_once(
@@ -381,5 +439,5 @@ def test_kill_9_while_a_playbook_runs_is_reconciled_and_never_runs_twice(
         timeout=60,
         what="job running again",
     )
-    assert info["Restarts"] == "1"
+    assert isinstance(info, dict) and info["Restarts"] == "1"
     assert nodes[2] not in running_nodes(lab_cfg, job)

@@ -5,6 +5,8 @@ silent; and the executor riding out a Slurm controller that is briefly away."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from lab import manage, monitoring, processes
+from lab import api, manage, monitoring, processes
 from lab.config import LabConfig
 from lab.faults import JobFault, add_job_fault, control_path
 from lab.slurm import slurm, start_slurmctld
@@ -22,6 +24,7 @@ from tests.lab.conftest import eventually, query, running_nodes, serve_slurmedic
 from tests.lab.test_remediation import (
     checkpointed_job,
     decided,
+    failures,
     healthy_after,
     mapped,
     restore,
@@ -84,7 +87,7 @@ def killed_and_decided(
     assert {a: (r.state, r.cause) for a, r in rows.items()} == {
         "drain": ("executed", "node_failure"),
         "requeue": ("executed", "node_failure"),
-    }
+    }, failures(enforce, rows)
     assert rows["drain"].nodes == [bad]
     return job, bad, rows
 
@@ -98,8 +101,13 @@ def test_a_node_that_stops_answering_is_drained_and_the_job_requeued_without_it(
     assert "DRAIN" in info and f"Reason=slurmedic: {job}.0 node_failure" in info
     resumed_without(lab_cfg, job, bad)
     # Slurm may have requeued the job itself (NODE_FAIL of a --requeue job) before slurmedic:
-    # the exclusion is there either way.
-    assert bad in manage.show_job(lab_cfg, job)["ExcNodeList"].split(",")
+    # the exclusion is there, or Slurm's successor had started before it could apply, and the
+    # requeue's record says where it runs (checked clear of the node).
+    excluded = bad in manage.show_job(lab_cfg, job)["ExcNodeList"].split(",")
+    found = enforce.decision(rows["requeue"].id)
+    assert found is not None
+    run = [e.detail["run"] for e in found[1] if "run" in e.detail][-1]
+    assert excluded or ("successor_nodes" in run and bad not in run["successor_nodes"]), run
     stays_drained(lab_cfg, bad)
 
 
@@ -153,7 +161,7 @@ def test_the_silent_node_of_an_nccl_hang_is_drained_and_the_job_requeued(
     assert {a: (r.state, r.cause) for a, r in rows.items()} == {
         "drain": ("executed", "node_failure"),
         "requeue": ("executed", "node_failure"),
-    }
+    }, failures(enforce, rows)
     assert rows["drain"].nodes == [nodes[1]]
     resumed_without(lab_cfg, job, nodes[1])
     eventually(
@@ -176,7 +184,7 @@ def test_a_successor_that_crashes_before_its_first_checkpoint_is_a_failed_recove
     )
     manage.inject_gpu(lab_cfg, "xid", nodes[0], 1, xid=79)
     rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
-    assert rows["requeue"].state == "executed"
+    assert rows["requeue"].state == "executed", failures(enforce, rows)
     recovery = eventually(
         lambda: [r for r in enforce.recoveries("recovered", "failed") if r.incident == f"{job}.0"],
         timeout=120,
@@ -197,6 +205,29 @@ def test_a_successor_that_crashes_before_its_first_checkpoint_is_a_failed_recove
         lambda: query(lab_cfg, 'slurmedic_recoveries_total{outcome="failed"} >= 1'),
         what="the failed recovery in /metrics",
     )
+    # People hear of it through the site's Alertmanager, with a link to the console page, until
+    # someone records a verdict on it.
+    notice = {"alertname": "SlurmedicRecoveryFailed", "incident": f"verify:{job}.0"}
+    (posted,) = eventually(lambda: api.alerts(lab_cfg, **notice), what="the notice in Alertmanager")
+    assert posted["labels"]["notice"] == "slurmedic" and "signal" not in posted["labels"]
+    assert posted["annotations"]["console"].endswith(f"/console/incident/verify:{job}.0")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "verdict",
+            str(escalated.id),
+            "agree",
+            f"--config={lab_cfg.slurmedic_config}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    eventually(lambda: not api.alerts(lab_cfg, **notice), what="the notice resolved")
 
 
 def test_a_drain_rides_out_a_controller_that_is_briefly_away(

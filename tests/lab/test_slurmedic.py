@@ -11,7 +11,7 @@ import pytest
 from lab import manage, processes
 from lab.config import LabConfig
 from lab.slurm import slurm
-from tests.lab.conftest import eventually, query, running_nodes, serve_slurmedic
+from tests.lab.conftest import eventually, query, quiet, running_nodes, serve_slurmedic
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
 
@@ -46,6 +46,7 @@ def test_xid79_is_recorded_as_drain_and_requeue_and_slurm_is_untouched(
     eventually(
         lambda: query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'), what="job mapped"
     )
+    quiet(lab_cfg, job, nodes)
     before = slurm_state(lab_cfg)
     manage.inject_gpu(lab_cfg, "xid", nodes[1], 3, xid=79)
     rows = decided(ledger, f"{job}.0")
@@ -57,6 +58,10 @@ def test_xid79_is_recorded_as_drain_and_requeue_and_slurm_is_untouched(
         r.cause == "gpu_hardware" and r.state == "recorded" and r.mode == "monitor" for r in rows
     )
     assert by_action["drain"].evidence[0]["alertname"] == "GpuXidNodeFault"
+    # What each would disrupt, from the GPUs Slurm's gres gives the nodes (the trial report).
+    assert by_action["drain"].gpus == lab_cfg.gpus_per_node
+    assert by_action["requeue"].gpus == 3 * lab_cfg.gpus_per_node
+    assert by_action["requeue"].gpu_hours is not None and by_action["requeue"].gpu_hours > 0
 
     # The check-mode run is recorded with the exact commands enforce mode would run.
     def dry_run(row: DecisionRow) -> list[str]:
@@ -83,11 +88,13 @@ def test_the_silent_rank_of_an_nccl_hang_is_implicated(
     eventually(
         lambda: query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'), what="job mapped"
     )
+    quiet(lab_cfg, job, nodes)
     manage.inject_job(lab_cfg, "hang", job, 1)
     rows = decided(ledger, f"{job}.0")
     by_action = {r.action: r for r in rows}
-    assert by_action["drain"].nodes == [nodes[1]], [(r.action, r.reason) for r in rows]
-    assert by_action["drain"].cause == "node_failure"
+    why = [(r.action, r.cause, r.reason, r.evidence) for r in rows]
+    assert by_action["drain"].nodes == [nodes[1]], why
+    assert by_action["drain"].cause == "node_failure", why
     assert by_action["requeue"].exclude == [nodes[1]]
 
 
@@ -95,10 +102,12 @@ def test_an_application_crash_stops_the_job_and_drains_nothing(
     lab_cfg: LabConfig, ledger: Ledger, submit: Callable[..., int]
 ) -> None:
     job = submit(nodes=2)
-    running_nodes(lab_cfg, job)
+    quiet(lab_cfg, job, running_nodes(lab_cfg, job))
     eventually(
         lambda: query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'), what="job mapped"
     )
     manage.inject_job(lab_cfg, "crash_cuda", job, 0)
     rows = decided(ledger, f"{job}.0")
-    assert [(r.action, r.cause) for r in rows] == [("stop", "application")]
+    assert [(r.action, r.cause) for r in rows] == [("stop", "application")], [
+        (r.action, r.cause, r.evidence) for r in rows
+    ]

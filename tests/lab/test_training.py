@@ -7,7 +7,7 @@ import pytest
 from lab import manage
 from lab.config import LabConfig
 from lab.slurm import slurm
-from tests.lab.conftest import eventually, joblog, query, running_nodes
+from tests.lab.conftest import eventually, joblog, next_attempt, query, running_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -114,18 +114,8 @@ def test_requeued_job_resumes_from_its_checkpoint(
     slurm(lab_cfg, "scontrol", "requeuehold", str(job))
     slurm(lab_cfg, "scontrol", "update", f"jobid={job}", f"ExcNodeList={bad}")
     slurm(lab_cfg, "scontrol", "release", str(job))
-    info = eventually(
-        lambda: (
-            (i := manage.show_job(lab_cfg, job))
-            and i["JobState"] == "RUNNING"
-            and i["Restarts"] == "1"
-            and i
-        ),
-        timeout=30,
-        what="attempt 1 running",
-    )
-    new_nodes = running_nodes(lab_cfg, job)
-    assert bad not in new_nodes, info["NodeList"]
+    new_nodes = next_attempt(lab_cfg, job)
+    assert bad not in new_nodes, new_nodes
     # Every rank of attempt 1 says where it resumed, and it is not step 0.
     resumed = []
     for rank, node in enumerate(new_nodes):

@@ -2,82 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-
-import pytest
 
 from webhook.core.alerts import Payload
 from webhook.core.decisions import Decision
 from webhook.core.engine import Incident
 from webhook.ledger.store import Ledger
 
-PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
 T = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster on loopback, run as the postgres user, stopped after."""
-    assert PG_BIN, "PostgreSQL is not installed (scripts/setup.sh installs it)"
-    bin_dir = PG_BIN[-1]
-    data = Path(tempfile.mkdtemp(prefix="slurmedic-pg-"))
-    shutil.chown(data, "postgres", "postgres")
-    port = free_port()
-    as_pg = ["runuser", "-u", "postgres", "--"]
-    subprocess.run(
-        [*as_pg, str(bin_dir / "initdb"), "-D", str(data / "db"), "-A", "trust", "-U", "slurmedic"],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [
-            *as_pg,
-            str(bin_dir / "pg_ctl"),
-            "-D",
-            str(data / "db"),
-            "-l",
-            str(data / "log"),
-            "-w",
-            "-o",
-            f"-p {port} -k {data} -c listen_addresses=127.0.0.1",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    try:
-        yield f"postgresql+psycopg://slurmedic@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(
-            [*as_pg, str(bin_dir / "pg_ctl"), "-D", str(data / "db"), "-m", "fast", "stop"],
-            check=False,
-            capture_output=True,
-        )
-        shutil.rmtree(data, ignore_errors=True)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Ledger:
-    if request.param == "sqlite":
-        return Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    url = request.getfixturevalue("postgres_url")
-    ledger = Ledger(url)
-    with ledger.engine.begin() as conn:  # a clean slate per test
-        for table in ("decision_events", "decisions", "incidents", "alerts", "notifications"):
-            conn.exec_driver_sql(f"TRUNCATE {table} RESTART IDENTITY CASCADE")
-    return ledger
 
 
 def raw_payload(*nodes: str, status: str = "firing") -> dict[str, object]:
@@ -144,3 +76,20 @@ def test_decisions_and_their_events(ledger: Ledger) -> None:
         assert inc.decided_at.replace(tzinfo=UTC) == T  # SQLite hands back naive UTC
     assert [h.nodes for h in ledger.history(T - timedelta(hours=1))] == [("gpu01",)]
     assert ledger.decision(decision_id + 1) is None
+
+
+def test_a_postgresql_ledger_bounds_its_waits_on_a_server_it_cannot_reach(
+    postgres_url: str,
+) -> None:
+    """libpq's defaults would wait out TCP's retransmissions (minutes) on a server cut off by
+    the network; the ledger's connections carry timeouts, and a URL's own settings win."""
+
+    def params(url: str) -> dict[str, str]:
+        with Ledger(url).engine.connect() as conn:
+            info = conn.connection.dbapi_connection.info  # type: ignore[union-attr]
+            return dict(info.get_parameters())
+
+    got = params(postgres_url)
+    assert got["connect_timeout"] == "5" and got["tcp_user_timeout"] == "15000", got
+    assert got["keepalives_idle"] == "10", got
+    assert params(f"{postgres_url}?connect_timeout=2")["connect_timeout"] == "2"

@@ -4,6 +4,7 @@ other one refused (and nothing written); a revision supersedes what was not carr
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from itertools import count
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from webhook.core.lifecycle import STATES, TRANSITIONS, IllegalTransition
 from webhook.ledger.store import Ledger
 
 T = datetime(2026, 12, 9, 12, 0, tzinfo=UTC)
+JOBS = count(3200)
 
 
 def decision(action: str = "requeue", state: str = "pending", **kw: object) -> Decision:
@@ -41,9 +43,12 @@ def at_state(ledger: Ledger, state: str) -> int:
         "executed": ["pending", "running", "executed"],
         "failed": ["pending", "running", "failed"],
         "rejected": ["awaiting_approval", "rejected"],
+        "expired": ["awaiting_approval", "expired"],
         "superseded": ["pending", "superseded"],
     }[state]
-    (i,) = ledger.record([decision(state=path[0])])
+    # A job of its own each time: the ledger takes one decision per incident and action.
+    job = next(JOBS)
+    (i,) = ledger.record([decision(state=path[0], incident=f"{job}.0", job=job)])
     for s in path[1:]:
         ledger.add_event(i, s, {"by": "test"}, T)
     return i
@@ -99,12 +104,12 @@ def test_a_revision_supersedes_what_waits_and_keeps_what_ran(tmp_path: Path) -> 
     more = ledger.record(
         [
             decision("drain", "awaiting_approval", nodes=("gpu01", "gpu03"), at=again, revision=2),
-            decision("escalate", "awaiting_approval", at=again, revision=2),
+            decision("escalate", "pending", at=again, revision=2),
         ]
     )
     assert [(r.action, r.state) for r in ledger.rows(more)] == [
         ("drain", "awaiting_approval"),
-        ("escalate", "awaiting_approval"),
+        ("escalate", "pending"),
     ]
 
 

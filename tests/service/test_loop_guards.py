@@ -13,6 +13,7 @@ import yaml
 from webhook.core.alerts import Payload
 from webhook.core.cluster import ClusterView, Job, Node
 from webhook.core.policy import load_policy
+from webhook.ledger.settings import Breaker
 from webhook.ledger.store import Ledger
 from webhook.service.loop import LiveLoop
 
@@ -28,23 +29,18 @@ def view() -> ClusterView:
     return v
 
 
-def xid(ledger: Ledger, node: str, job: int, at: datetime) -> None:
+def alert(ledger: Ledger, name: str, signal: str, node: str, job: int, at: datetime) -> None:
+    """Store one firing alert from Alertmanager, as the webhook would."""
+    labels = {"alertname": name, "signal": signal, "node": node, "slurm_job_id": str(job)}
     raw = {
         "status": "firing",
-        "alerts": [
-            {
-                "status": "firing",
-                "startsAt": at.isoformat(),
-                "labels": {
-                    "alertname": "GpuXidNodeFault",
-                    "signal": "gpu_hw",
-                    "node": node,
-                    "slurm_job_id": str(job),
-                },
-            }
-        ],
+        "alerts": [{"status": "firing", "startsAt": at.isoformat(), "labels": labels}],
     }
     ledger.store(raw, Payload.model_validate(raw), at)
+
+
+def xid(ledger: Ledger, node: str, job: int, at: datetime) -> None:
+    alert(ledger, "GpuXidNodeFault", "gpu_hw", node, job, at)
 
 
 class Clock:
@@ -75,7 +71,7 @@ def test_breaker_opens_survives_a_restart_and_closes_only_when_reset(tmp_path: P
     second = loop.step()
     assert ("escalate", "circuit_breaker_open") in [(d.action, d.guard) for d in second]
     assert not [d for d in second if d.action == "drain"]
-    assert (ledger.setting("breaker") or {}).get("open") is True
+    assert ledger.setting(Breaker).open is True
 
     # A restart does not close it.
     loop = LiveLoop(ledger, policy, view, clock=clock)
@@ -97,7 +93,9 @@ def test_breaker_opens_survives_a_restart_and_closes_only_when_reset(tmp_path: P
         check=False,
     )
     assert out.returncode == 0 and "closed" in out.stdout
-    clock.now = datetime.fromisoformat(ledger.setting("breaker")["reset_at"]) + timedelta(seconds=1)  # type: ignore[index]
+    reset_at = ledger.setting(Breaker).reset_at
+    assert reset_at is not None
+    clock.now = reset_at + timedelta(seconds=1)
     loop.step()
     v = view()
     v.set_job(Job(id=4, nodes=("gpu05",), partition="train", started=T0))
@@ -123,3 +121,124 @@ def test_the_loop_wakes_when_a_settle_window_ends_not_a_tick_later(tmp_path: Pat
     clock.now = T0 + timedelta(seconds=19.7 + 0.3)
     assert {d.action for d in loop.step()} == {"drain", "requeue"}
     assert loop.pause(1.0) == 1.0
+
+
+def nccl_timeout(ledger: Ledger, node: str, job: int, at: datetime) -> None:
+    alert(ledger, "TrainingNcclTimeout", "nccl_timeout", node, job, at)
+
+
+def test_a_restart_before_the_ledger_begins_is_not_taken_for_a_first_failure(
+    tmp_path: Path,
+) -> None:
+    """A job Slurm restarted before this ledger's record begins dies with nobody to blame:
+    whether it was requeued for this already is unknown, so a human decides. A restart the
+    record covers is requeued once, as usual."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    clock = Clock()
+    nccl_timeout(ledger, "gpu02", 2, T0)  # the record begins here (job 2 trains on)
+
+    def failed() -> ClusterView:
+        v = view()
+        for j, n, started in ((8, "gpu04", T0 - timedelta(minutes=30)), (9, "gpu05", T0)):
+            v.set_job(
+                Job(
+                    id=j,
+                    nodes=(n, "gpu06" if j == 8 else "gpu07"),
+                    partition="train",
+                    state="FAILED",
+                    restarts=1,
+                    started=started + timedelta(minutes=1),
+                    ended=T0 + timedelta(minutes=2),
+                )
+            )
+        return v
+
+    loop = LiveLoop(ledger, load_policy({"settle_seconds": 5}), failed, clock=clock)
+    assert loop.engine.guards.memory_since == T0
+    # Every rank timed out: a hang, nobody to blame.
+    for job, node in ((8, "gpu04"), (8, "gpu06"), (9, "gpu05"), (9, "gpu07")):
+        nccl_timeout(ledger, node, job, T0 + timedelta(minutes=2))
+    clock.now = T0 + timedelta(minutes=3)
+    decided = {(d.job, d.action, d.guard) for d in loop.step() if d.job in (8, 9)}
+    assert decided == {(8, "escalate", "unseen_restart"), (9, "requeue", None)}
+    (why,) = [r.reason for r in ledger.decisions(50) if r.job == 8]
+    assert "began before slurmedic's record does (2026-11-29 12:00:00Z)" in why
+
+
+def test_a_new_ledger_s_record_begins_when_its_loop_starts(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    assert ledger.record_begins() is None
+    clock = Clock()
+    loop = LiveLoop(ledger, load_policy({}), view, clock=clock)
+    assert loop.engine.guards.memory_since == T0
+    xid(ledger, "gpu01", 1, T0 + timedelta(minutes=5))
+    assert ledger.record_begins() == T0 + timedelta(minutes=5)
+
+
+def test_the_global_switch_turns_waiting_and_new_decisions_into_records(tmp_path: Path) -> None:
+    """One meaning in every mode: while it is on, nothing waits for a human either."""
+    from webhook.ledger.settings import Switch
+
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"mode": "approve", "settle_seconds": 5, "breaker": {"max_fraction": 0.5}})
+    clock = Clock()
+    loop = LiveLoop(ledger, policy, view, clock=clock)
+    xid(ledger, "gpu01", 1, T0)
+    clock.now = T0 + timedelta(seconds=10)
+    loop.step()
+    waiting = ledger.in_state("awaiting_approval")
+    assert {r.action for r in waiting} == {"drain", "requeue"}
+
+    ledger.put(Switch(monitor=True), clock.now)
+    xid(ledger, "gpu02", 2, clock.now)
+    clock.now += timedelta(seconds=10)
+    new = loop.step()
+    assert {(d.action, d.mode, d.state, d.guard) for d in new} == {
+        ("drain", "monitor", "recorded", "global_switch"),
+        ("requeue", "monitor", "recorded", "global_switch"),
+    }
+    assert not ledger.in_state("awaiting_approval")
+    for row in waiting:
+        found = ledger.decision(row.id)
+        assert found is not None
+        assert found[0].state == "recorded"
+        assert found[1][-1].detail == {
+            "by": "switch",
+            "note": "global switch to monitor: recorded, not carried out",
+        }
+
+    # Back to the policy: new decisions wait for a human again; the records stay records.
+    ledger.put(Switch(monitor=False), clock.now)
+    xid(ledger, "gpu03", 3, clock.now)
+    clock.now += timedelta(seconds=10)
+    assert {(d.mode, d.state) for d in loop.step()} == {("approve", "awaiting_approval")}
+    assert all(r.state == "recorded" for r in ledger.rows([r.id for r in waiting]))
+
+
+def test_an_approval_nobody_gives_expires(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy(
+        {
+            "mode": "approve",
+            "settle_seconds": 5,
+            "approval_expires": "2h",
+            "breaker": {"max_fraction": 0.5},
+        }
+    )
+    clock = Clock()
+    loop = LiveLoop(ledger, policy, view, clock=clock)
+    xid(ledger, "gpu01", 1, T0)
+    clock.now = T0 + timedelta(seconds=10)
+    loop.step()
+    waiting = ledger.in_state("awaiting_approval")
+    assert len(waiting) == 2
+    clock.now = T0 + timedelta(hours=1, minutes=59)
+    loop.step()
+    assert len(ledger.in_state("awaiting_approval")) == 2
+    clock.now = T0 + timedelta(hours=2, seconds=11)
+    loop.step()
+    assert not ledger.in_state("awaiting_approval")
+    for row in waiting:
+        found = ledger.decision(row.id)
+        assert found is not None and found[0].state == "expired"
+        assert found[1][-1].detail["note"] == "not approved within 2h: expired, not carried out"

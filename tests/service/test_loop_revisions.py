@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from webhook.core.alerts import Payload
 from webhook.core.cluster import ClusterView, Job, Node
 from webhook.core.policy import Policy, load_policy
@@ -147,12 +149,14 @@ def test_a_decision_carried_out_is_not_revised(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("restart_after", [timedelta(seconds=120), timedelta(hours=2)])
 def test_an_unknown_failure_of_a_running_job_is_revised_when_it_ends_after_a_restart(
-    tmp_path: Path,
+    tmp_path: Path, restart_after: timedelta
 ) -> None:
     """Partial timeouts on a running job: escalate (unknown). slurmedic restarts; then the job
     fails: the restored incident is revised to the one requeue a job that died with nobody to
-    blame gets."""
+    blame gets. Two hours later too: within the retention (24h by default) a restart restores a
+    decided incident as the engine held it (the old 1h replay horizon lost it)."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     policy = load_policy({"settle_seconds": 5, "hang_wait": "60s"})
     clock = Clock()
@@ -185,11 +189,12 @@ def test_an_unknown_failure_of_a_running_job_is_revised_when_it_ends_after_a_res
         clock.now = T0 + timedelta(seconds=s)
         made += live.step()
     assert [(d.action, d.cause) for d in made] == [("escalate", "unknown")]
+    clock.now = T0 + restart_after
     live = LiveLoop(ledger, policy, view, clock=clock, refresh_seconds=0)  # a restart
     state["job"] = "FAILED"
     later = []
-    for s in range(120, 200, 5):
-        clock.now = T0 + timedelta(seconds=s)
+    for s in range(0, 80, 5):
+        clock.now = T0 + restart_after + timedelta(seconds=s)
         later += live.step()
     assert [(d.action, d.cause, d.exclude) for d in later] == [("requeue", "unknown", ())]
     assert [(r.action, r.state) for r in ledger.incident_decisions("42.0")] == [
@@ -243,3 +248,13 @@ def test_a_restart_does_not_turn_a_decided_alert_into_a_new_failure_of_an_idle_n
         clock.now = T0 + timedelta(minutes=5, seconds=s)
         assert live.step() == []
     assert sorted(r.incident for r in ledger.decisions()) == ["42.0", "42.0"]
+
+
+def idle_node_fault(tmp_path: Path) -> tuple[Ledger, Policy, Clock, LiveLoop]:
+    """XID 79 on the idle gpu07, delivered 2 s after it began, and a loop over that ledger."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5})
+    clock = Clock()
+    clock.now = T0 + timedelta(seconds=2)
+    deliver(ledger, clock.now, xid79("gpu07", T0))
+    return ledger, policy, clock, loop(ledger, policy, clock)

@@ -10,11 +10,12 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.local_server import Server, start_server, stop_server
 from tests.service.test_webhook_http import payload
 from webhook.core.decisions import Decision
 from webhook.core.recovery import FailurePoint, Verdict, Watch
+from webhook.ledger.settings import Breaker, Heartbeat, Jobs, JobSeen, Nodes, NodeSeen
 from webhook.ledger.store import Ledger
-from webhook.service.local import Server, start_server, stop_server
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +78,14 @@ def test_decisions_executions_and_recoveries_from_the_ledger(server: Server) -> 
                   FailurePoint(120, 100, 45.0))  # fmt: skip
     ledger.watch(watch)
     ledger.conclude("77.0", Verdict("recovered", "ok", restored_seconds=150), t0)
-    ledger.set_setting("breaker", {"open": True}, t0)
-    ledger.set_setting("loop", {"at": 1234.5}, t0)
-    ledger.set_setting("jobs", {"77": {"partition": "train", "restarts": 1, "eligible": True}}, t0)
+    ledger.put(Breaker(open=True, opened_at=t0), t0)
+    ledger.put(Heartbeat(at=1234.5), t0)
+    ledger.put(Jobs({"77": JobSeen(partition="train", restarts=1, eligible=True)}), t0)
     nodes = {
-        "gpu03": {"status": "down*", "partitions": ["train", "debug"]},
-        "gpu04": {"status": "allocated", "partitions": ["train"]},
+        "gpu03": NodeSeen(status="down*", partitions=["train", "debug"]),
+        "gpu04": NodeSeen(status="allocated", partitions=["train"]),
     }
-    ledger.set_setting("nodes", nodes, t0)
+    ledger.put(Nodes(nodes), t0)
     m = scrape(server)
     assert value(m, "slurmedic_decisions_total", action="drain", cause="gpu_hardware",
                  mode="enforce") == 1  # fmt: skip
@@ -125,3 +126,33 @@ def test_metrics_need_no_credentials_and_say_their_type(server: Server) -> None:
     r = requests.get(f"{server.url}/metrics", timeout=10)
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain")
     assert "# TYPE slurmedic_decisions_total counter" in r.text
+
+
+def test_the_series_are_the_documented_ones(server: Server) -> None:
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    assert {fam.name for fam in text_string_to_metric_families(text)} == {
+        "slurmedic_webhook_requests",
+        "slurmedic_webhook_alerts",
+        "slurmedic_webhook_request_duration_seconds",
+        "slurmedic_decisions",
+        "slurmedic_decisions_in_state",
+        "slurmedic_executor_runs",
+        "slurmedic_decision_latency_seconds",
+        "slurmedic_recovery_latency_seconds",
+        "slurmedic_recoveries",
+        "slurmedic_recoveries_watching",
+        "slurmedic_time_to_restore_seconds",
+        "slurmedic_work_lost_seconds",
+        "slurmedic_breaker_open",
+        "slurmedic_monitor_switch",
+        "slurmedic_loop_last_tick_timestamp_seconds",
+        "slurmedic_replica_leading",
+        "slurmedic_leader_term",
+        "slurmedic_job_eligible",
+        "slurmedic_job_restarts",
+        "slurmedic_node_status",
+        "slurmedic_approvals_waiting",
+        "slurmedic_approval_oldest_age_seconds",
+        "slurmedic_escalations_open",
+        "slurmedic_verdicts",
+    }

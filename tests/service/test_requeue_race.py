@@ -1,7 +1,13 @@
-"""requeue_job when Slurm requeues the job itself between the playbook's read and its
-requeuehold (a --requeue job whose node failed): the real race seen in CI, made deterministic
-with a stand-in `scontrol` that answers as Slurm 22.05 does. The playbook must exclude the
-nodes and must not release the job (it is pending, not held)."""
+"""requeue_job when Slurm requeues the job itself (a --requeue job whose node failed) while the
+playbook runs: the real races seen in CI, made deterministic with a stand-in `scontrol` that
+answers as Slurm does (its messages as Slurm 22.05 to 26.05 print them).
+
+- Slurm requeues it between the playbook's read and its requeuehold: the playbook must exclude
+  the nodes and must not release the job (it is pending, not held).
+- Slurm's successor starts (after Slurm's requeue delay) before the exclusion: Slurm refuses
+  it; the run succeeds if the successor is clear of the implicated nodes, and fails, naming
+  them, if it is not.
+- The successor already runs when the playbook reads the job: nothing to do but that check."""
 
 from __future__ import annotations
 
@@ -10,22 +16,48 @@ from pathlib import Path
 
 import pytest
 
-from webhook.executor.runner import run_playbook
+from webhook.executor.runner import RunResult, run_playbook
 
+RUNNING_0 = "JobId=24 JobName=x JobState=RUNNING Reason=None Restarts=0 ExcNodeList=(null)"
+PENDING_1 = "JobId=24 JobName=x JobState=PENDING Reason=BeginTime Restarts=1 ExcNodeList=(null)"
+RUNNING_1 = (
+    "JobId=24 JobName=x JobState=RUNNING Reason=None Restarts=1 ExcNodeList=(null) "
+    "ReqNodeList=(null) NodeList={nodes} BatchHost=gpu04"
+)
+NOT_PENDING = "Job is no longer pending execution for job 24"
+
+# `show job` answers the lines of $SHOWS in turn (the last one from then on).
 SCONTROL = """#!/bin/sh
 echo "$@" >> "{log}"
-case "$1" in
-  show) echo "JobId=24 JobName=x JobState=RUNNING Reason=None Restarts=0 ExcNodeList=(null)";;
-  requeuehold) echo "Job is pending execution for job 24" >&2; exit 1;;
+n=$(grep -c '^show job' "{log}")
+case "$1 $2" in
+  "show job") sed -n "$(( n < {shows} ? n : {shows} ))p" "{shows_file}";;
+  "show hostnames") echo "$3" | sed 's/gpu\\[\\(..\\)-\\(..\\)\\]/\\1 \\2/' \\
+    | {{ read a b; seq -f 'gpu%02g' $a $b; }};;
+  requeuehold*) {requeuehold};;
+  update*) {update};;
   *) exit 0;;
 esac
 """
 
 
-def test_slurm_requeued_it_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    shows: list[str],
+    requeuehold: str = "exit 0",
+    update: str = "exit 0",
+) -> tuple[RunResult, list[str]]:
     log = tmp_path / "calls.log"
+    log.touch()
+    shows_file = tmp_path / "shows"
+    shows_file.write_text("".join(f"{s}\n" for s in shows))
     fake = tmp_path / "scontrol"
-    fake.write_text(SCONTROL.format(log=log))
+    fake.write_text(
+        SCONTROL.format(
+            log=log, shows=len(shows), shows_file=shows_file, requeuehold=requeuehold, update=update
+        )
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     result = run_playbook(
@@ -33,9 +65,77 @@ def test_slurm_requeued_it_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         {"slurmedic_job": 24, "slurmedic_attempt": 0, "slurmedic_exclude": ["gpu03"]},
         check=False,
     )
+    return result, log.read_text().splitlines()
+
+
+def test_slurm_requeued_it_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result, calls = run(
+        tmp_path,
+        monkeypatch,
+        [RUNNING_0],
+        requeuehold='echo "Job is pending execution for job 24" >&2; exit 1',
+    )
     assert result.ok, result.output[-2000:]
-    assert log.read_text().splitlines() == [
+    assert calls == [
         "show job 24 --oneliner",
         "requeuehold 24",
         "update jobid=24 ExcNodeList=gpu03",
+    ]
+
+
+def test_the_successor_started_before_the_exclusion_clear_of_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result, calls = run(
+        tmp_path,
+        monkeypatch,
+        [PENDING_1, RUNNING_1.format(nodes="gpu[04-06]")],
+        update=f'echo "{NOT_PENDING}" >&2; exit 1',
+    )
+    assert result.ok, result.output[-2000:]
+    assert calls == [
+        "show job 24 --oneliner",
+        "update jobid=24 ExcNodeList=gpu03",
+        "show job 24 --oneliner",
+        "show hostnames gpu[04-06]",
+    ]
+    assert "release" not in "".join(calls)
+    assert result.summary()["successor_nodes"] == ["gpu04", "gpu05", "gpu06"]
+
+
+def test_the_successor_started_before_the_exclusion_on_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result, _ = run(
+        tmp_path,
+        monkeypatch,
+        [PENDING_1, RUNNING_1.format(nodes="gpu[02-04]")],
+        update=f'echo "{NOT_PENDING}" >&2; exit 1',
+    )
+    assert not result.ok
+    assert "before the exclusion, on gpu03 of the implicated nodes" in result.output
+
+
+def test_another_refusal_of_the_exclusion_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result, calls = run(
+        tmp_path,
+        monkeypatch,
+        [PENDING_1],
+        update='echo "Invalid node name specified" >&2; exit 1',
+    )
+    assert not result.ok
+    assert calls[-1] == "update jobid=24 ExcNodeList=gpu03"
+
+
+def test_the_successor_already_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result, calls = run(tmp_path, monkeypatch, [RUNNING_1.format(nodes="gpu[04-06]")])
+    assert result.ok, result.output[-2000:]
+    assert result.commands == []
+    assert result.successor_nodes == ["gpu04", "gpu05", "gpu06"]
+    assert calls == [
+        "show job 24 --oneliner",
+        "show job 24 --oneliner",
+        "show hostnames gpu[04-06]",
     ]

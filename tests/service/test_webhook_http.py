@@ -7,9 +7,12 @@ notification is in the ledger before the answer (kill -9 right after it loses no
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import json
 import signal
+import socket
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +20,8 @@ from typing import Any
 import pytest
 import requests
 
+from tests.local_server import TOKEN, Server, start_server, stop_server
 from webhook.ledger.store import Ledger
-from webhook.service.local import TOKEN, Server, start_server, stop_server
 
 # Captured from Alertmanager 0.25 (shared/reference/alertmanager/), kept with the tests.
 REAL = Path(__file__).resolve().parents[1] / "data" / "alertmanager"
@@ -40,7 +43,14 @@ def payload(**label_overrides: str) -> dict[str, Any]:
 
 def test_health_and_readiness(server: Server) -> None:
     assert requests.get(f"{server.url}/healthz", timeout=5).json() == {"status": "ok"}
-    assert requests.get(f"{server.url}/readyz", timeout=5).json() == {"status": "ready"}
+    ready = requests.get(f"{server.url}/readyz", timeout=5).json()
+    # One replica alone: it leads.
+    assert ready == {
+        "status": "ready",
+        "replica": ready["replica"],
+        "leader": ready["replica"],
+        "leading": True,
+    }
 
 
 @pytest.mark.parametrize("token", [None, "wrong", TOKEN[:-1], ""])
@@ -112,6 +122,71 @@ def test_too_large_413(server: Server) -> None:
     r = server.post(p)
     assert r.status_code == 413
     assert r.json()["reason"]
+
+
+def test_a_413_closes_the_connection_it_did_not_read(server: Server) -> None:
+    """Its body is never read: kept alive, the client's next request would be read from the
+    middle of it and dropped. The answer says so, and the server closes."""
+    host, port = server.url.removeprefix("http://").split(":")
+    body = b'{"a": "' + b"x" * 200_000 + b'"}'
+    head = (
+        f"POST /api/v1/alerts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        with contextlib.suppress(OSError):  # the server may close before it has all of it
+            s.sendall(head.encode() + body + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):  # until the server closes: it must
+                answer += chunk
+    status, *headers = answer.split(b"\r\n\r\n")[0].split(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 413")
+    assert b"Connection: close" in headers
+    assert requests.get(f"{server.url}/healthz", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize("starts", ["0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00"])
+def test_a_time_outside_utc_s_range_is_400_not_500(server: Server, starts: str) -> None:
+    p = payload()
+    p["alerts"][0]["startsAt"] = starts
+    r = server.post(p)
+    assert r.status_code == 400
+    assert r.json()["reason"].startswith("alerts.0.startsAt: out of range: in UTC")
+    p["alerts"][0]["startsAt"] = "2026-11-29T22:07:04.696Z"
+    p["alerts"][0]["endsAt"] = starts
+    assert server.post(p).json()["reason"].startswith("alerts.0.endsAt: out of range")
+    # Alertmanager's own zero time (an alert that has not ended) is fine.
+    p["alerts"][0]["endsAt"] = "0001-01-01T00:00:00Z"
+    assert server.post(p).status_code == 200
+
+
+def test_a_nul_character_is_refused_and_its_literal_text_is_not(server: Server) -> None:
+    p = payload()
+    p["alerts"][0]["annotations"]["description"] = "a\x00b"
+    r = server.post(p)
+    assert r.status_code == 400 and "NUL character" in r.json()["reason"]
+    p = payload()
+    p["alerts"][0]["labels"]["x\x00"] = "y"
+    assert server.post(p).status_code == 400
+    # The six characters \u0000 in a description are text, and harmless.
+    p = payload()
+    p["alerts"][0]["annotations"]["description"] = "escaped: \\u0000"
+    assert '"escaped: \\\\u0000"' in json.dumps(p)
+    r = server.post(p)
+    assert r.status_code == 200, r.text
+
+
+def test_a_header_field_over_8190_bytes_is_431_with_a_reason(server: Server) -> None:
+    r = server.post(payload(), headers={"X-Padding": "p" * 9000})
+    assert r.status_code == 431
+    assert r.json()["reason"] == "header field 'X-Padding' is over 8190 bytes"
+    assert server.post(payload(), headers={"X-Padding": "p" * 8000}).status_code == 200
+
+
+def test_the_sqlite_ledger_is_readable_by_its_owner_only(server: Server) -> None:
+    path = Path(server.db.removeprefix("sqlite:///"))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
 def test_unknown_fields_are_accepted(server: Server) -> None:

@@ -3,8 +3,10 @@
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,6 +19,7 @@ from webhook.core.policy import PolicyError, load_policy
 REPO = Path(__file__).resolve().parents[2]
 # Captured from Alertmanager 0.25 (shared/reference/alertmanager/), kept with the tests.
 REAL = REPO / "tests" / "data" / "alertmanager"
+REPO_SCENARIOS = REPO / "tests" / "scenarios"
 T = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
@@ -66,13 +69,15 @@ def test_hostile_or_unknown_nodes_are_never_actionable(bad: str) -> None:
     assert ev.node is None and not ev.actionable
 
 
-def test_bad_job_ids_are_not_actionable() -> None:
+@pytest.mark.parametrize("bad", ["7 && halt", "7\n", "-7", "7.0", "12345678901"])
+def test_bad_job_ids_are_not_actionable(bad: str) -> None:
     alert = Alert(
         status="firing",
         startsAt=T,
-        labels={"signal": "gpu_hw", "node": "gpu01", "slurm_job_id": "7 && halt"},
+        labels={"signal": "gpu_hw", "node": "gpu01", "slurm_job_id": bad},
     )
-    assert not from_alert(alert, T, VIEW).actionable
+    ev = from_alert(alert, T, VIEW)
+    assert ev.job is None and not ev.actionable, ev
 
 
 def test_policy_defaults_are_designs() -> None:
@@ -142,3 +147,92 @@ def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
     bad.write_text("name: [unclosed")
     assert run_replay(bad).returncode == 2 and "not YAML" in run_replay(bad).stderr
     assert run_replay(tmp_path / "nope.yaml").returncode == 2
+
+
+def _scenario(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    spec = yaml.safe_load((REPO_SCENARIOS / "mode-approve.yaml").read_text())
+    edit(spec)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_replay_check_fails_when_expect_does_not_hold(tmp_path: Path) -> None:
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "replay",
+            str(REPO_SCENARIOS / "mode-approve.yaml"),
+            "--json",
+            "--check",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr
+    plain = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "replay",
+            str(REPO_SCENARIOS / "mode-approve.yaml"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ok.stdout == plain.stdout  # the contract's output is the same
+
+    def wrong(spec: dict[str, Any]) -> None:
+        spec["expect"]["decisions"][0]["mode"] = "enforce"
+        spec["expect"]["never"].append({"action": "requeue"})
+
+    out = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "replay", str(_scenario(tmp_path, wrong)), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert "expected, not decided: {'action': 'drain'" in lines[0]
+    assert "decided, but never expected ({'action': 'requeue'})" in lines[1]
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (
+            lambda s: s["events"][0]["alerts"][0]["labels"].update(signal="node_dwn"),
+            "events.0.alerts.0.labels.signal: 'node_dwn' is not one of",
+        ),
+        (
+            lambda s: s["cluster"]["jobs"][0].update(state="RUNING"),
+            "cluster.jobs.0.state: 'RUNING' is not a Slurm job state",
+        ),
+        (
+            lambda s: s["cluster"]["jobs"][0].update(nodes="gpu[01-05]"),
+            "cluster.jobs.0.nodes: 'gpu05' is not a node of the scenario's cluster",
+        ),
+    ],
+)
+def test_a_scenario_refuses_what_it_would_silently_ignore(
+    tmp_path: Path, edit: Callable[[dict[str, Any]], None], named: str
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "replay", str(_scenario(tmp_path, edit))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2 and named in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -16,11 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab import joblog_corpus, mtail_oneshot
+from lab import mtail_oneshot
 from lab.mtail_oneshot import Key
+from tests import joblog_corpus
+from webhook.core import signals
 from webhook.rules.render import RULES_DIR
 
 CORPUS = joblog_corpus.load()
+# The signals job logs give evidence of: a part of the vocabulary (webhook/core/signals.py).
 SIGNALS = {"nccl_timeout", "hang", "app_error", "gpu_hw", "gpu_app"}
 
 
@@ -35,6 +38,7 @@ def test_the_corpus_covers_every_class_with_real_sourced_lines() -> None:
     entries = CORPUS.entries
     assert len(entries) >= 100
     assert sum(e.negative for e in entries) >= 25
+    assert SIGNALS <= signals.SIGNALS
     per_class = Counter(e.cls for e in entries)
     for cls, spec in CORPUS.classes.items():
         assert per_class[cls] >= 2, cls

@@ -17,24 +17,12 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook.replay import replay_json
+from webhook.replay import matches, replay_json
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "scenarios"
 FILES = sorted(SHARED.glob("*.yaml")) + sorted((REPO / "tests" / "scenarios").glob("*.yaml"))
 CLI = [sys.executable, "-m", "webhook.cli"]
-
-
-def matches(decision: dict[str, Any], want: dict[str, Any], *, overlap: bool) -> bool:
-    for key, value in want.items():
-        got = decision.get(key)
-        if isinstance(value, list):
-            got_set, want_set = set(got or []), set(value)
-            if (not got_set & want_set) if overlap else got_set != want_set:
-                return False
-        elif got != value:
-            return False
-    return True
 
 
 def replay(path: Path) -> dict[str, Any]:

@@ -1,11 +1,15 @@
 """Rule files are rendered from templates + config.yml; the committed ones must match."""
 
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from webhook.core.signals import SIGNALS
 from webhook.rules.render import RULES_DIR, RulesError, RuleSource, seconds
 
 
@@ -19,16 +23,6 @@ def test_every_alert_carries_the_contract() -> None:
     Alerts about slurmedic itself (slurmedic.rules.yml) go to people, never to the engine: they
     carry no `signal`, so Alertmanager's slurmedic route cannot match them.
     """
-    signals = {
-        "gpu_hw",
-        "gpu_app",
-        "node_down",
-        "network",
-        "nccl_timeout",
-        "app_error",
-        "hang",
-        "straggler",
-    }
     alerts = []
     for file, text in RuleSource().render().items():
         for group in yaml.safe_load(text)["groups"]:
@@ -41,7 +35,7 @@ def test_every_alert_carries_the_contract() -> None:
         if file == "slurmedic.rules.yml":
             assert name.startswith("Slurmedic") and "signal" not in rule["labels"], name
         else:
-            assert rule["labels"]["signal"] in signals, name
+            assert rule["labels"]["signal"] in SIGNALS, name
         assert {"summary", "description", "runbook_url"} <= set(rule["annotations"]), name
         assert rule["annotations"]["runbook_url"].endswith(f"/docs/runbooks/{name}.md")
         assert (RULES_DIR.parent / "docs" / "runbooks" / f"{name}.md").exists(), name
@@ -124,6 +118,67 @@ def test_unknown_profile_and_keys_are_named(tmp_path: Path) -> None:
         RuleSource(copy).render("lab")
 
 
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        ("straggler_ratio: 1.5 ", "straggler_ratio: Input should be a valid number"),
+        ("hang_after: 10m", "hang_after: '10 minutes' is not a duration"),
+        ("many_nodes_down: 4 ", "many_nodes_down: Input should be greater than or equal to 1"),
+        ("node_status_metric: slurm_node_status", "node_status_metric: Input should be"),
+    ],
+)
+def test_a_threshold_of_the_wrong_kind_is_named_before_anything_renders(
+    tmp_path: Path, edit: str, named: str
+) -> None:
+    """`straggler_ratio: fast` used to render a rule that never fires (and promtool passed it)."""
+    bad = {
+        "straggler_ratio: 1.5 ": "straggler_ratio: fast ",
+        "hang_after: 10m": "hang_after: 10 minutes",
+        "many_nodes_down: 4 ": "many_nodes_down: 0 ",
+        "node_status_metric: slurm_node_status": "node_status_metric: slurm_nodes",
+    }[edit]
+    copy = tmp_path / "alert_rules"
+    shutil.copytree(RULES_DIR, copy)
+    config = copy / "config.yml"
+    assert edit in config.read_text()
+    config.write_text(config.read_text().replace(edit, bad, 1))
+    with pytest.raises(RulesError, match=re.escape(f"{config}: {named}")):
+        RuleSource(copy).render()
+
+
+def test_a_site_copy_of_the_config_renders_into_its_own_directory(tmp_path: Path) -> None:
+    """`rules render --config FILE --out DIR` lists what changed; `rules check` says whether
+    DIR is what FILE renders to. Through the real command."""
+    site = tmp_path / "site.yml"
+    site.write_text((RULES_DIR / "config.yml").read_text())
+    out = tmp_path / "rules"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "webhook.cli", "rules", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    first = cli("render", f"--config={site}", f"--out={out}")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip().endswith(f"0 unchanged in {out}")
+    assert cli("check", f"--config={site}", f"--out={out}").returncode == 0
+    site.write_text(site.read_text().replace("hang_after: 10m", "hang_after: 20m"))
+    stale = cli("check", f"--config={site}", f"--out={out}")
+    assert stale.returncode == 1 and "training.rules.yml differ" in stale.stderr
+    again = cli("render", f"--config={site}", f"--out={out}")
+    assert again.stdout.splitlines()[0] == f"changed {out}/training.rules.yml"
+    assert "1 changed," in again.stdout
+    assert "time() - 1200" in (out / "training.rules.yml").read_text()
+    # The checkout's own rules are untouched by a site's config.
+    assert "time() - 1200" not in (RULES_DIR / "training.rules.yml").read_text()
+    refused = cli("render", f"--config={site}")
+    assert refused.returncode == 2 and "--out" in refused.stderr
+
+
 @pytest.mark.parametrize(("d", "s"), [("10m", 600), ("1h", 3600), ("12s", 12), ("2d", 172800)])
 def test_seconds(d: str, s: int) -> None:
     assert seconds(d) == s
@@ -132,3 +187,50 @@ def test_seconds(d: str, s: int) -> None:
 def test_bad_duration() -> None:
     with pytest.raises(RulesError, match="not a duration"):
         seconds("ten minutes")
+
+
+NEW_ALERT = """
+      - alert: InfinibandLinkDown
+        expr: node_infiniband_physical_state_id != 5
+        labels:
+          severity: critical
+          signal: network
+        annotations:
+          summary: "An InfiniBand port of {{ $labels.node }} is down"
+          description: >-
+            The port's physical state is not LinkUp.
+"""
+
+
+def test_a_new_alert_gets_its_runbook_url_from_its_name(tmp_path: Path) -> None:
+    copy = tmp_path / "alert_rules"
+    shutil.copytree(RULES_DIR, copy)
+    template = copy / "templates" / "slurm.rules.yml"
+    template.write_text(template.read_text() + NEW_ALERT)
+    text = RuleSource(copy).render()["slurm.rules.yml"]
+    rules = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"]]
+    new = next(r for r in rules if r.get("alert") == "InfinibandLinkDown")
+    base = RuleSource(copy).config()["runbook_base"]
+    assert new["annotations"]["runbook_url"] == f"{base}/InfinibandLinkDown.md"
+    assert new["labels"]["signal"] in SIGNALS
+    assert list(new["annotations"]) == ["summary", "description", "runbook_url"]
+
+
+def test_a_template_that_spells_a_runbook_url_is_refused(tmp_path: Path) -> None:
+    copy = tmp_path / "alert_rules"
+    shutil.copytree(RULES_DIR, copy)
+    template = copy / "templates" / "slurm.rules.yml"
+    spelled = NEW_ALERT + '          runbook_url: "https://example.org/Other.md"\n'
+    template.write_text(template.read_text() + spelled)
+    with pytest.raises(RulesError, match=r"slurm\.rules\.yml: alert InfinibandLinkDown spells"):
+        RuleSource(copy).render()
+
+
+def test_an_alert_without_annotations_is_named(tmp_path: Path) -> None:
+    copy = tmp_path / "alert_rules"
+    shutil.copytree(RULES_DIR, copy)
+    template = copy / "templates" / "slurm.rules.yml"
+    bare = NEW_ALERT[: NEW_ALERT.index("        annotations:")]
+    template.write_text(template.read_text() + bare)
+    with pytest.raises(RulesError, match="alert InfinibandLinkDown has no annotations"):
+        RuleSource(copy).render()

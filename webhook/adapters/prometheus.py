@@ -1,15 +1,26 @@
-"""Training progress from Prometheus (what ranks pushed to the Pushgateway), for verification.
+"""Prometheus' HTTP API, through prometheus-api-client: training progress for verification
+(instant queries) and series over a time span (range queries, for backtests).
 
-One instant query per job and round, over Prometheus's HTTP API with `requests` (already a
-dependency): prometheus-api-client would pull in pandas, numpy and matplotlib for two calls.
+prometheus-api-client 0.7 requires only requests and dateparser (pandas, numpy and matplotlib
+are its `dataframe`/`numpy`/`plot` extras, not installed), and `PrometheusConnect` imports
+neither dateparser nor numpy until a method that needs them is called. It gives the session
+with its retry adapter, and the query and query_range calls; what it does not do, this module
+does: it turns its errors (an HTTP status with the raw body) back into Prometheus' own `error`
+text, and checks the answer's shape, since it returns `data.result` unchecked.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+import ast
+import json
+import re
+from datetime import datetime, timedelta
 from typing import Any
 
 import requests
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from prometheus_api_client.prometheus_connect import PrometheusConnect
+from urllib3.util.retry import Retry
 
 from webhook.core.recovery import RankProgress
 
@@ -21,6 +32,8 @@ FIELDS = {
     "training_last_checkpoint_timestamp_seconds": "checkpoint_at",
     "training_attempt_start_timestamp_seconds": "started_at",
 }
+# How prometheus-api-client 0.7 words a non-200 answer: the status and the body's repr.
+_HTTP_ERROR = re.compile(r"^HTTP Status Code (\d+) \((b'.*'|b\".*\")\)$", re.DOTALL)
 
 
 class PrometheusError(RuntimeError):
@@ -28,26 +41,58 @@ class PrometheusError(RuntimeError):
 
 
 class Prometheus:
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, timeout: float = 5.0, retries: int = 2) -> None:
         self.url, self.timeout = url.rstrip("/"), timeout
-        self.http = requests.Session()
+        # Retried: a refused connection and Prometheus' "busy" answers (503 when its query
+        # queue is full, 502/504 from a proxy), with 0 s then 1 s between tries. Not retried:
+        # a read timeout (a slow Prometheus costs the loop one timeout a round, not three), nor
+        # 4xx (a bad query stays bad). The last busy answer is kept, so its error is reported.
+        retry = Retry(
+            total=retries,
+            connect=retries,
+            read=0,
+            status=retries,
+            backoff_factor=0.5,
+            status_forcelist=(502, 503, 504),
+            raise_on_status=False,
+        )
+        # `timeout` goes to requests as is, which takes float seconds; the client says int.
+        self.client = PrometheusConnect(url=self.url, retry=retry, timeout=timeout)  # type: ignore[arg-type]
 
     def query(self, expr: str, at: datetime | None = None) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"query": expr}
-        if at is not None:
-            params["time"] = at.timestamp()
+        """An instant vector: `[{"metric": {...}, "value": [t, "v"]}, ...]` as of `at` (now)."""
+        params = {} if at is None else {"time": at.timestamp()}
+        result = self._call(lambda: self.client.custom_query(expr, params=params))
+        return self._series(expr, result, "value", "a vector")
+
+    def query_range(
+        self, expr: str, start: datetime, end: datetime, step: timedelta
+    ) -> list[dict[str, Any]]:
+        """A range vector: `[{"metric": {...}, "values": [[t, "v"], ...]}, ...]` from `start`
+        to `end` (whole seconds) every `step`."""
+        result = self._call(
+            lambda: self.client.custom_query_range(
+                expr, start_time=start, end_time=end, step=f"{step.total_seconds():g}"
+            ),
+        )
+        return self._series(expr, result, "values", "a matrix")
+
+    def _call(self, call: Any) -> Any:
         try:
-            r = self.http.get(f"{self.url}/api/v1/query", params=params, timeout=self.timeout)
-            body = r.json()
-        except (requests.RequestException, ValueError) as e:
+            return call()
+        except PrometheusApiClientException as e:
+            raise PrometheusError(f"{self.url}: {_reason(str(e))}") from e
+        except (requests.JSONDecodeError, KeyError, TypeError) as e:  # 200, but not the API's
+            raise PrometheusError(f"{self.url}: not an answer of Prometheus' API ({e!r})") from e
+        except requests.RequestException as e:
             raise PrometheusError(f"{self.url}: {e}") from e
-        if not isinstance(body, dict) or body.get("status") != "success":
-            error = body.get("error") if isinstance(body, dict) else None
-            raise PrometheusError(f"{self.url}: {error or f'HTTP {r.status_code}'}")
-        data = body.get("data")
-        if not isinstance(data, dict) or data.get("resultType") != "vector":
-            raise PrometheusError(f"{self.url}: expected a vector for {expr!r}")
-        result: list[dict[str, Any]] = data.get("result") or []
+
+    def _series(self, expr: str, result: Any, key: str, kind: str) -> list[dict[str, Any]]:
+        # A scalar or string answer is `[t, "v"]`, not a list of series.
+        if not isinstance(result, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("metric"), dict) and key in s for s in result
+        ):
+            raise PrometheusError(f"{self.url}: expected {kind} for {expr!r}")
         return result
 
     def progress_of(
@@ -61,7 +106,7 @@ class Prometheus:
         series = self.query(f'{{__name__=~"{names}",slurm_job_id=~"{ids}"}}', at)
         ranks: dict[tuple[int, int], dict[str, float]] = {}
         for s in series:
-            labels = s.get("metric") or {}
+            labels = s["metric"]
             try:
                 key = (int(labels["slurm_job_id"]), int(labels["rank"]))
                 value = float(s["value"][1])
@@ -76,3 +121,17 @@ class Prometheus:
                 RankProgress(rank, None if attempt is None else int(attempt), **f)
             )
         return out
+
+
+def _reason(message: str) -> str:
+    """Prometheus' `error` from the client's "HTTP Status Code 400 (b'{...}')"; the status
+    alone when the body is not the API's JSON (a proxy's page)."""
+    match = _HTTP_ERROR.match(message)
+    if match is None:
+        return message
+    try:
+        body = json.loads(ast.literal_eval(match.group(2)))
+    except (ValueError, SyntaxError):
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    return str(error) if error else f"HTTP {match.group(1)}"

@@ -95,6 +95,10 @@ class SlurmNode:
     gres_used: str = ""
 
     @property
+    def gpus(self) -> int:
+        return gpu_count(self.gres)
+
+    @property
     def state(self) -> str:
         """slurmedic's one word for it: the base state lower case, `drain` when draining or
         drained, or FAILed by an operator (out of service either way)."""
@@ -288,6 +292,16 @@ def _records(
     return rows
 
 
+# One `gpu` entry of a node's gres: `gpu:8`, `gpu:h200:8`, `gpu:h200:8(S:0-1)`; several
+# (of different types) are comma-separated, and a socket list may hold commas too.
+GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
+
+
+def gpu_count(gres: str) -> int:
+    """The GPUs a node's gres string names (0 without any)."""
+    return sum(int(m.group(1)) for m in GPU_GRES.finditer(gres))
+
+
 def read_nodes(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -> list[SlurmNode]:
     out = []
     for n in _records(data, "nodes", release, cmd):
@@ -380,6 +394,7 @@ def build_view(snap: SlurmSnapshot) -> ClusterView:
             switch_of.get(n.name),
             other_partitions=tuple(parts[1:]),
             status=n.state_long,
+            gpus=n.gpus,
         )
     for j in snap.jobs:
         view.set_job(j)

@@ -10,13 +10,14 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
 from pydantic import ValidationError
-from sqlalchemy.exc import DataError, SQLAlchemyError
 
-from webhook.app.metrics import count_alerts
+from webhook.app.metrics import count_alerts, timed
 from webhook.core.alerts import Payload
-from webhook.core.policy import describe
+from webhook.core.validation import describe
+from webhook.ledger.store import Refused, Unavailable
 
 alerts = Blueprint("alerts", __name__)
+timed(alerts)  # once, here: an app factory may run more than once in a process
 
 
 def _authorized() -> bool:
@@ -42,6 +43,24 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _holds_nul(value: Any) -> bool:
+    """Whether a NUL character is in any string of the decoded body (PostgreSQL takes none); a
+    literal text `\\u0000` is harmless and passes. A stack, not recursion: as deep as the
+    parser went."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if "\x00" in v:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
 def _error(status: int, reason: str) -> tuple[Response, int]:
     return jsonify(error="bad request" if status == 400 else "unauthorized", reason=reason), status
 
@@ -59,7 +78,7 @@ def receive() -> Any:
         return _error(400, f"body is not JSON: {e}")
     except RecursionError:
         return _error(400, "body is not JSON: nested too deeply")
-    if "\\u0000" in body.decode("utf-8", "replace"):
+    if _holds_nul(raw):
         return _error(400, "body holds a NUL character, which no alert field may")
     if not isinstance(raw, dict):
         return _error(400, "body must be a JSON object (an Alertmanager v4 payload)")
@@ -70,10 +89,10 @@ def receive() -> Any:
     ledger = current_app.extensions["slurmedic"]["ledger"]
     try:
         stored = ledger.store(raw, payload, datetime.now(UTC), request.remote_addr or "")
-    except DataError as e:
+    except Refused as e:
         # The database refused a value the client sent: the client's fault, say which.
-        return _error(400, f"a value cannot be stored: {str(e.orig).splitlines()[0][:200]}")
-    except SQLAlchemyError:
+        return _error(400, f"a value cannot be stored: {e}")
+    except Unavailable:
         current_app.logger.exception("ledger write failed")
         # Not the client's fault, and Alertmanager retries a 5xx: nothing is lost.
         return jsonify(error="unavailable", reason="the ledger cannot be written"), 503

@@ -11,12 +11,14 @@ Names and meanings: docs/metrics.md.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import struct
 import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from flask import Blueprint, Response, current_app, g
@@ -30,13 +32,15 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
 
-from webhook.core.incidents import VERIFY
-from webhook.ledger.schema import DecisionEvent, DecisionRow, RecoveryRow
-from webhook.ledger.store import Ledger, _utc
+from webhook.core.lifecycle import EXECUTED, FAILED
+from webhook.core.verdicts import JUDGEMENTS
+from webhook.ledger.figures import DecisionCount, Figures, Outcomes, Recovery
+from webhook.ledger.settings import Breaker, CorruptSetting, Heartbeat, Jobs, Nodes, S, Switch
+from webhook.ledger.store import Ledger
 
 metrics = Blueprint("metrics", __name__)
+log = logging.getLogger("slurmedic.metrics")
 
 REQUESTS = Counter(
     "slurmedic_webhook_requests", "Webhook requests answered, by HTTP status.", ["code"]
@@ -112,8 +116,8 @@ class LedgerCollector(Collector):
     """The ledger's figures, read at most every `ttl` seconds per worker (a scrape storm on the
     unauthenticated /metrics must not become a query storm on the ledger)."""
 
-    def __init__(self, ledger: Ledger, ttl: float = 10.0) -> None:
-        self.ledger, self.ttl = ledger, ttl
+    def __init__(self, ledger: Ledger, ttl: float = 10.0, replica: str = "") -> None:
+        self.ledger, self.ttl, self.replica = ledger, ttl, replica
         self.cached: tuple[float, list[Any]] | None = None
         self.lock = threading.Lock()
 
@@ -124,72 +128,86 @@ class LedgerCollector(Collector):
             yield from self.cached[1]
 
     def _read(self) -> Iterator[Any]:
-        with self.ledger.session() as s:
-            decisions = s.execute(
-                select(
-                    DecisionRow.action,
-                    DecisionRow.cause,
-                    DecisionRow.mode,
-                    DecisionRow.state,
-                    func.count(),
-                ).group_by(
-                    DecisionRow.action, DecisionRow.cause, DecisionRow.mode, DecisionRow.state
-                )
-            ).all()
-            runs = s.execute(
-                select(DecisionRow.action, DecisionEvent.state, func.count())
-                .join(DecisionRow, DecisionRow.id == DecisionEvent.decision_id)
-                .where(DecisionEvent.state.in_(("executed", "failed")))
-                .where(DecisionRow.action.in_(RUN_ACTIONS))
-                .group_by(DecisionRow.action, DecisionEvent.state)
-            ).all()
-            executed_at = dict(
-                s.execute(
-                    select(DecisionEvent.decision_id, func.min(DecisionEvent.at))
-                    .where(DecisionEvent.state == "executed")
-                    .group_by(DecisionEvent.decision_id)
-                ).all()
-            )
-            # The engine's decisions (the verifier's have no fault of their own), with the
-            # fault time kept on the row: no evidence JSON is read per scrape.
-            decided = [
-                (
-                    action,
-                    _utc(fault),
-                    _utc(at),
-                    _utc(done) if (done := executed_at.get(i)) else None,
-                )
-                for i, action, at, fault in s.execute(
-                    select(DecisionRow.id, DecisionRow.action, DecisionRow.at, DecisionRow.fault_at)
-                    .where(DecisionRow.fault_at.is_not(None))
-                    .where(DecisionRow.incident.not_like(f"{VERIFY}%"))
-                ).all()
-                if fault is not None
-            ]
-            recoveries = list(s.scalars(select(RecoveryRow)).all())
-        yield from self._decisions(decisions, runs)
+        fig = self.ledger.figures()
+        yield from self._decisions(fig.decisions, fig.outcomes)
         yield _histogram(
             "slurmedic_decision_latency_seconds",
             "From the fault (the first alert's startsAt) to the incident's decisions.",
-            (((), (at - fault).total_seconds()) for _, fault, at, _ in decided),
+            (((), (t.decided_at - t.fault_at).total_seconds()) for t in fig.timings),
             [],
         )
         yield _histogram(
             "slurmedic_recovery_latency_seconds",
             "From the fault to the drain, requeue or stop executed on Slurm.",
             (
-                ((action,), (done - fault).total_seconds())
-                for action, fault, _, done in decided
-                if done is not None and action in ("drain", "requeue", "stop")
+                ((t.action,), (t.executed_at - t.fault_at).total_seconds())
+                for t in fig.timings
+                if t.executed_at is not None and t.action in ("drain", "requeue", "stop")
             ),
             ["action"],
             always=[("drain",), ("requeue",), ("stop",)],
         )
-        yield from self._recoveries(recoveries)
+        yield from self._recoveries(fig.recoveries)
+        yield from self._review(fig)
         yield from self._settings()
+        yield from self._leadership()
+
+    def _leadership(self) -> Iterator[Any]:
+        """Which replica leads: this one's view, so every replica's /metrics says it."""
+        leader = self.ledger.leases.leader()
+        leading = leader is not None and leader.running == self.replica
+        fam = GaugeMetricFamily(
+            "slurmedic_replica_leading",
+            "1 while this replica leads (decides and executes), 0 while it follows.",
+            labels=["replica"],
+        )
+        fam.add_metric([self.replica], int(leading))
+        yield fam
+        yield GaugeMetricFamily(
+            "slurmedic_leader_term",
+            "The fencing token of the leader's current term (0: no term yet); it rises by one "
+            "at every takeover.",
+            value=leader.token if leader is not None else 0,
+        )
 
     @staticmethod
-    def _decisions(rows: Sequence[Any], runs: Sequence[Any]) -> Iterator[Any]:
+    def _review(fig: Figures) -> Iterator[Any]:
+        """The human side: approvals waiting, escalations nobody judged, the trial's verdicts."""
+        yield GaugeMetricFamily(
+            "slurmedic_approvals_waiting",
+            "Decisions awaiting a human's approval.",
+            value=len(fig.waiting_since),
+        )
+        now = datetime.now(UTC)
+        oldest = min(fig.waiting_since, default=None)
+        yield GaugeMetricFamily(
+            "slurmedic_approval_oldest_age_seconds",
+            "How long the oldest decision awaiting approval has waited (0: none waits).",
+            value=(now - oldest).total_seconds() if oldest else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "slurmedic_escalations_open",
+            "Escalations nobody has recorded a verdict on yet.",
+            value=fig.open_escalations,
+        )
+        fam = GaugeMetricFamily(
+            "slurmedic_verdicts",
+            "Decisions by their operator's latest verdict (agree, disagree, unsure), by action.",
+            labels=["action", "verdict"],
+        )
+        # Every action that changes Slurm and every judgement, 0 until judged: the series exist
+        # from the start (a trial's agreement reads "no verdicts yet", not "no data").
+        counts: dict[tuple[str, str], int] = {
+            (a, j): 0 for a in (*RUN_ACTIONS, "escalate") for j in JUDGEMENTS
+        }
+        for v in fig.verdicts:
+            counts[(v.action, v.verdict)] = v.n
+        for (action, judgement), n in sorted(counts.items()):
+            fam.add_metric([action, judgement], n)
+        yield fam
+
+    @staticmethod
+    def _decisions(rows: Sequence[DecisionCount], runs: Sequence[Outcomes]) -> Iterator[Any]:
         total = CounterMetricFamily(
             "slurmedic_decisions",
             "Decisions recorded, by action, cause and mode.",
@@ -201,9 +219,9 @@ class LedgerCollector(Collector):
             labels=["action", "cause", "mode", "state"],
         )
         tally: Tally[tuple[str, str, str]] = Tally()
-        for action, cause, mode, state, n in rows:
-            tally[(action, cause, mode)] += n
-            now.add_metric([action, cause, mode, state], n)
+        for r in rows:
+            tally[(r.action, r.cause, r.mode)] += r.n
+            now.add_metric([r.action, r.cause, r.mode, r.state], r.n)
         for key, n in sorted(tally.items()):
             total.add_metric(list(key), n)
         yield total
@@ -213,15 +231,16 @@ class LedgerCollector(Collector):
             "Playbook runs that changed (or failed to change) Slurm, by action and outcome.",
             labels=["action", "outcome"],
         )
-        counts = {(a, o): 0 for a in RUN_ACTIONS for o in ("executed", "failed")}
-        for action, state, n in runs:
-            counts[(action, state)] = n
+        counts = {(a, o): 0 for a in RUN_ACTIONS for o in (EXECUTED, FAILED)}
+        for run in runs:
+            if run.action in RUN_ACTIONS:
+                counts[(run.action, run.state)] = run.n
         for (action, outcome), n in sorted(counts.items()):
             fam.add_metric([action, outcome], n)
         yield fam
 
     @staticmethod
-    def _recoveries(rows: list[RecoveryRow]) -> Iterator[Any]:
+    def _recoveries(rows: Sequence[Recovery]) -> Iterator[Any]:
         outcomes = CounterMetricFamily(
             "slurmedic_recoveries",
             "Requeued jobs whose successor made progress again (recovered), did not (failed), or "
@@ -250,26 +269,31 @@ class LedgerCollector(Collector):
             [],
         )
 
+    def _setting(self, kind: type[S]) -> S:
+        """A setting, or its defaults when it is corrupt (said in the log): one bad row must
+        not take every other series down with it."""
+        try:
+            return self.ledger.setting(kind)
+        except CorruptSetting as e:
+            log.error("/metrics: %s", e)
+            return kind()
+
     def _settings(self) -> Iterator[Any]:
-        breaker = self.ledger.setting("breaker") or {}
-        switch = self.ledger.setting("switch") or {}
-        loop = self.ledger.setting("loop") or {}
-        jobs = self.ledger.setting("jobs") or {}
         yield GaugeMetricFamily(
             "slurmedic_breaker_open",
             "1 while the circuit breaker holds drains (until a human resets it).",
-            value=1 if breaker.get("open") else 0,
+            value=1 if self._setting(Breaker).open else 0,
         )
         yield GaugeMetricFamily(
             "slurmedic_monitor_switch",
             "1 while the global switch holds every action in monitor mode.",
-            value=1 if switch.get("monitor") else 0,
+            value=1 if self._setting(Switch).monitor else 0,
         )
         # 0 until the loop first reports: a loop that never starts is stalled too.
         yield GaugeMetricFamily(
             "slurmedic_loop_last_tick_timestamp_seconds",
             "When the decision loop last completed a step (0: never).",
-            value=float(loop.get("at", 0)),
+            value=self._setting(Heartbeat).at,
         )
         eligible = GaugeMetricFamily(
             "slurmedic_job_eligible",
@@ -279,9 +303,9 @@ class LedgerCollector(Collector):
         restarts = GaugeMetricFamily(
             "slurmedic_job_restarts", "Slurm's restart count of the job.", labels=["slurm_job_id"]
         )
-        for job, info in sorted(jobs.items()):
-            eligible.add_metric([job, str(info.get("partition", ""))], int(bool(info["eligible"])))
-            restarts.add_metric([job], int(info.get("restarts", 0)))
+        for job, seen in sorted(self._setting(Jobs).root.items()):
+            eligible.add_metric([job, seen.partition], int(seen.eligible))
+            restarts.add_metric([job], seen.restarts)
         yield eligible
         yield restarts
         status = GaugeMetricFamily(
@@ -291,20 +315,20 @@ class LedgerCollector(Collector):
             "slurm_node_status.",
             labels=["node", "status", "partition"],
         )
-        for node, info in sorted((self.ledger.setting("nodes") or {}).items()):
-            for partition in info.get("partitions") or [""]:
-                status.add_metric([node, str(info.get("status", "")), str(partition)], 1)
+        for node, info in sorted(self._setting(Nodes).root.items()):
+            for partition in info.partitions or [""]:
+                status.add_metric([node, info.status, partition], 1)
         yield status
 
 
-def _registry(ledger: Ledger, ttl: float) -> CollectorRegistry:
+def _registry(ledger: Ledger, ttl: float, replica: str) -> CollectorRegistry:
     registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         for c in (REQUESTS, ALERTS, DURATION):
             registry.register(c)
-    registry.register(LedgerCollector(ledger, ttl))
+    registry.register(LedgerCollector(ledger, ttl, replica))
     return registry
 
 
@@ -312,7 +336,9 @@ def _registry(ledger: Ledger, ttl: float) -> CollectorRegistry:
 def scrape() -> Response:
     ext = current_app.extensions["slurmedic"]
     if "registry" not in ext:
-        ext["registry"] = _registry(ext["ledger"], ext.get("metrics_ttl", 10.0))
+        ext["registry"] = _registry(
+            ext["ledger"], ext.get("metrics_ttl", 10.0), ext.get("replica", "")
+        )
     for _ in range(5):
         try:
             return Response(generate_latest(ext["registry"]), mimetype=CONTENT_TYPE_LATEST)

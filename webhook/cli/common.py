@@ -1,4 +1,5 @@
-"""What the commands share: the --config/--policy options, the ledger, a decisions table."""
+"""What the commands share: the --config/--policy options and the files they name (read with
+one-line errors), the ledger, a decisions table."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from webhook.core.policy import Policy, PolicyError, load_policy
+from webhook.files import FileError, load_mapping
 from webhook.ledger.schema import DecisionRow
-from webhook.ledger.store import Ledger
-from webhook.service.config import ConfigError, load_config
+from webhook.ledger.store import Ledger, Unavailable
+from webhook.service.config import ConfigError, ServiceConfig, load_config
 
 config_option = click.option(
     "--config",
@@ -27,11 +30,33 @@ policy_option = click.option(
 )
 
 
-def ledger_of(config_path: Path | None) -> Ledger:
+def config_of(config_path: Path | None) -> ServiceConfig:
     try:
-        return Ledger(load_config(config_path).database_url)
+        return load_config(config_path)
     except ConfigError as e:
         raise click.ClickException(str(e)) from e
+
+
+def policy_of(path: Path | None) -> Policy:
+    """The policy in `path` (the defaults without one)."""
+    if path is None:
+        return Policy()
+    try:
+        return load_policy(load_mapping(path, "policy file"))
+    except FileError as e:
+        raise click.ClickException(str(e)) from e
+    except PolicyError as e:
+        raise click.ClickException(f"{path}: {e}") from e
+
+
+def ledger_of(config_path: Path | None) -> Ledger:
+    """The service's ledger, which must exist: a command never makes a new, empty one (it
+    would show nothing, or take a switch nobody reads)."""
+    try:
+        return Ledger(config_of(config_path).database_url, create=False)
+    except Unavailable as e:
+        where = f"{config_path}" if config_path else "the embedded defaults (give --config)"
+        raise click.ClickException(f"{e} [{where}]") from e
 
 
 def targets(row: DecisionRow) -> str:

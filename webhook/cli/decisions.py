@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from webhook.cli.common import config_option, decision_table, ledger_of
+from webhook.core.disruption import describe
 from webhook.ledger.schema import DecisionRow
 
 
@@ -29,6 +30,9 @@ def _json(row: DecisionRow) -> dict[str, object]:
         "guard": row.guard,
         "mode": row.mode,
         "state": row.state,
+        "partition": row.partition,
+        "gpus": row.gpus,
+        "gpu_hours": row.gpu_hours,
     }
 
 
@@ -77,6 +81,8 @@ def show(config_path: Path | None, decision_id: int, as_json: bool) -> None:
     )
     c.print(f"incident {row.incident}  job {row.job}  at {data['at']}  guard {row.guard or '-'}")
     c.print(f"reason: {row.reason}")
+    if disrupts := describe(row.action, row.gpus, row.gpu_hours):
+        c.print(disrupts)
     t = Table(title="evidence")
     for col in ("alertname", "node", "startsAt", "fingerprint"):
         t.add_column(col)
@@ -92,7 +98,7 @@ def show(config_path: Path | None, decision_id: int, as_json: bool) -> None:
     for e in events:
         run = e.detail.get("dry_run") or e.detail.get("run")
         who = e.detail.get("by", "")
-        extra = f" ({e.detail['reason']})" if "reason" in e.detail else ""
+        extra = "".join(f" ({e.detail[k]})" for k in ("reason", "note") if k in e.detail)
         c.print(f"  {e.at.strftime('%Y-%m-%dT%H:%M:%SZ')}  {e.state:18} by {who}{extra}")
         if run:
             kind = "would run (check mode)" if e.detail.get("dry_run") else "ran"

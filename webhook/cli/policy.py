@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import yaml
 
-from webhook.core.policy import PolicyError, load_policy
+from webhook.cli.common import policy_of
 
 
 @click.group()
@@ -19,13 +19,5 @@ def policy() -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 def check(path: Path) -> None:
     """Validate PATH; print the effective policy (defaults filled in) when it is valid."""
-    try:
-        data = yaml.safe_load(path.read_text())
-        p = load_policy(data)
-    except OSError as e:
-        raise click.ClickException(f"{path}: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise click.ClickException(f"{path}: not YAML ({str(e).splitlines()[0]})") from e
-    except PolicyError as e:
-        raise click.ClickException(f"{path}: {e}") from e
+    p = policy_of(path)
     click.echo(yaml.safe_dump(p.model_dump(mode="json"), sort_keys=False).rstrip())

@@ -4,24 +4,44 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from webhook.replay import ScenarioError, replay_json
+from webhook.replay import ScenarioError, load, replay_json, unmet
 
 
 @click.command()
 @click.argument("scenario", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON (the contract).")
-def replay(scenario: Path, as_json: bool) -> None:
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 1 when the scenario's expect: (decisions, never) does not hold, saying what; "
+    "the output is the same.",
+)
+def replay(scenario: Path, as_json: bool, check: bool) -> None:
     """Replay SCENARIO (YAML) through the decision core on a simulated clock."""
     try:
         result = replay_json(scenario)
+        expect = load(scenario).expect if check else None
     except ScenarioError as e:
         click.echo(f"slurmedic replay: {e}", err=True)
         raise SystemExit(2) from e
+    _print(result, as_json)
+    if check:
+        if not expect:
+            click.echo(f"slurmedic replay: {scenario}: --check, but it has no expect:", err=True)
+            raise SystemExit(1)
+        if failed := unmet(expect, result["decisions"]):
+            for line in failed:
+                click.echo(f"slurmedic replay: {scenario}: {line}", err=True)
+            raise SystemExit(1)
+
+
+def _print(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return

@@ -1,4 +1,4 @@
-"""`slurmedic review | approve | reject`: the human side of approve mode."""
+"""`slurmedic review | approve | reject | verdict`: the human side of approve mode and the trial."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ import click
 from rich.console import Console
 
 from webhook.cli.common import config_option, decision_table, ledger_of
-from webhook.core.lifecycle import IllegalTransition
+from webhook.core.lifecycle import APPROVED, AWAITING_APPROVAL, REJECTED
+from webhook.core.verdicts import JUDGEMENTS, VerdictError
+from webhook.core.verdicts import verdict as make_verdict
+from webhook.ledger.review import NotWaiting, add_verdict, judge
+from webhook.ledger.store import last_dry_run
 
 
 @click.command()
@@ -17,27 +21,30 @@ from webhook.core.lifecycle import IllegalTransition
 def review(config_path: Path | None) -> None:
     """Recommendations waiting for a human (approve mode), with their dry-run commands."""
     ledger = ledger_of(config_path)
-    rows = ledger.in_state("awaiting_approval")
+    rows = ledger.in_state(AWAITING_APPROVAL)
     if not rows:
         click.echo("nothing waits for approval")
         return
-    t = decision_table("waiting for approval", rows, last="reason")
-    Console().print(t)
+    c = Console()
+    c.print(decision_table("waiting for approval", rows, last="reason"))
+    for row in rows:
+        found = ledger.decision(row.id)
+        commands = last_dry_run(found[1]) if found else None
+        c.print(f"{row.id} {row.action}: would run", end="")
+        if commands is None:
+            c.print(" (dry run not recorded yet)")
+            continue
+        c.print(":" if commands else " nothing (already done)")
+        for cmd in commands:
+            c.print(f"  {cmd}", markup=False, highlight=False, soft_wrap=True)
     click.echo("decisions show ID | approve ID | reject ID --reason ...")
 
 
 def _decide(config_path: Path | None, decision_id: int, state: str, detail: dict[str, str]) -> None:
-    ledger = ledger_of(config_path)
-    found = ledger.decision(decision_id)
-    if found is None:
-        raise click.ClickException(f"decision {decision_id} is not in the ledger")
-    row, _ = found
-    if row.state != "awaiting_approval":
-        raise click.ClickException(f"decision {decision_id} is {row.state}, not awaiting_approval")
     try:
-        ledger.add_event(decision_id, state, detail, datetime.now(UTC))
-    except IllegalTransition as e:  # superseded or moved on since it was read
-        raise click.ClickException(f"decision {decision_id}: {e}") from e
+        row = judge(ledger_of(config_path), decision_id, state, detail, datetime.now(UTC))
+    except NotWaiting as e:
+        raise click.ClickException(str(e)) from e
     click.echo(
         f"decision {decision_id} ({row.action} {', '.join(row.nodes or row.exclude)}) {state}"
     )
@@ -51,7 +58,7 @@ def approve(config_path: Path | None, decision_id: int, by: str | None) -> None:
     """Approve a recommendation: slurmedic carries it out on its next step."""
     import getpass
 
-    _decide(config_path, decision_id, "approved", {"by": by or getpass.getuser()})
+    _decide(config_path, decision_id, APPROVED, {"by": by or getpass.getuser()})
 
 
 @click.command()
@@ -63,4 +70,34 @@ def reject(config_path: Path | None, decision_id: int, reason: str, by: str | No
     """Reject a recommendation: nothing is carried out."""
     import getpass
 
-    _decide(config_path, decision_id, "rejected", {"by": by or getpass.getuser(), "reason": reason})
+    _decide(config_path, decision_id, REJECTED, {"by": by or getpass.getuser(), "reason": reason})
+
+
+@click.command()
+@config_option
+@click.argument("decision_id", type=int)
+@click.argument("judgement", type=click.Choice(JUDGEMENTS))
+@click.option("--would", default=None, help="disagree: the action you would have taken.")
+@click.option("--note", default="", help="Why (kept with the verdict).")
+@click.option("--by", default=None, help="Who judges (default: the login name).")
+def verdict(
+    config_path: Path | None,
+    decision_id: int,
+    judgement: str,
+    would: str | None,
+    note: str,
+    by: str | None,
+) -> None:
+    """Record your verdict on a recommendation, in any mode: agree, disagree or unsure."""
+    import getpass
+
+    try:
+        v = make_verdict(verdict=judgement, would=would, note=note, by=by or getpass.getuser())
+    except VerdictError as e:
+        raise click.ClickException(str(e)) from e
+    ledger = ledger_of(config_path)
+    try:
+        add_verdict(ledger, decision_id, v, datetime.now(UTC))
+    except KeyError:
+        raise click.ClickException(f"decision {decision_id} is not in the ledger") from None
+    click.echo(f"decision {decision_id}: {v.verdict}" + (f" (would {v.would})" if v.would else ""))

@@ -10,34 +10,39 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import click
-import yaml
 from gunicorn.app.base import BaseApplication
 
-from webhook.cli.common import config_option, policy_option
-from webhook.core.policy import Policy, PolicyError, load_policy
-from webhook.service.config import ConfigError, ServiceConfig, load_config
-
-
-def read_policy(path: Path | None) -> Policy:
-    if path is None:
-        return Policy()
-    try:
-        return load_policy(yaml.safe_load(path.read_text()))
-    except OSError as e:
-        raise click.ClickException(f"{path}: {e.strerror}") from e
-    except (PolicyError, yaml.YAMLError) as e:
-        raise click.ClickException(f"{path}: {e}") from e
+from webhook.cli.common import config_of, config_option, policy_of, policy_option
+from webhook.core.policy import Policy
+from webhook.service.config import REPLICA_ENV, ConfigError, ServiceConfig
 
 
 def _worker_exit(_server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+
+
+def _closing_oversized(limit: int) -> Callable[[Any, Any], None]:
+    """A request whose body is over the limit gets its 413 with `Connection: close`: its
+    body is never read, so on a kept-alive connection the client's next request would be read
+    from the middle of it (and dropped). Chunked bodies have no length up front: they close
+    too."""
+
+    def pre_request(_worker: Any, req: Any) -> None:
+        length = next((v for k, v in req.headers if k == "CONTENT-LENGTH"), None)
+        chunked = any(k == "TRANSFER-ENCODING" for k, _ in req.headers)
+        if chunked or (length is not None and length.isdigit() and int(length) > limit):
+            req.must_close = True
+
+    return pre_request
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
@@ -57,6 +62,10 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         if "control_socket_disable" in self.cfg.settings:
             self.cfg.set("control_socket_disable", True)
         self.cfg.set("child_exit", _worker_exit)
+        self.cfg.set("pre_request", _closing_oversized(self.service.max_body_bytes))
+        # Header fields up to 64 KiB reach the application, which refuses those over 8,190
+        # bytes with a JSON reason (HEADER_FIELD_LIMIT) instead of gunicorn's HTML page.
+        self.cfg.set("limit_request_field_size", 65536)
 
     def load(self) -> Any:
         from webhook.app import create_app
@@ -64,55 +73,151 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         return create_app(self.service)
 
 
+PARENT_ENV = "SLURMEDIC_SERVE_PID"  # set for the loop `serve` starts: whose loop it is
+REFUSED = 3  # the loop's exit code when it may not run (a second loop on a SQLite file)
+
+
+class LoopSupervisor:
+    """`serve`'s loop, kept running: one that fails (an error, a `kill -9`, the OOM killer)
+    starts again after 1 s, then 2, 4, ... up to a minute while it keeps failing within a
+    minute of its start. /readyz says not-ready meanwhile (the loop's beat stops). A loop that
+    was told to stop (exit 0) is not started again, nor one refused its ledger (REFUSED):
+    serve stops, saying why."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], *, grace: float = 10.0) -> None:
+        # How long a stopped loop may take to finish the playbooks it runs before it is killed.
+        self.argv, self.env, self.grace = argv, env, grace
+        self.stopping = threading.Event()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.thread = threading.Thread(target=self._run, name="loop-supervisor", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        log = logging.getLogger("slurmedic.serve")
+        delay = 1.0
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            self.proc = subprocess.Popen(self.argv, env=self.env)
+            code = self.proc.wait()
+            if self.stopping.is_set():
+                return
+            if code == REFUSED:
+                log.error("the loop was refused its ledger: serve stops")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            if code == 0:
+                # Told to stop (SIGTERM, SIGINT: often the one its whole process group got,
+                # serve's own stop on its way): not started again. /readyz says not ready.
+                log.warning("the loop stopped as it was told: not started again")
+                return
+            if time.monotonic() - started > 60:
+                delay = 1.0
+            log.error("the loop ended (exit %s): starting it again in %.0f s", code, delay)
+            if self.stopping.wait(delay):
+                return
+            delay = min(delay * 2, 60.0)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(self.grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _stop_when_orphaned(parent: int, halt: Callable[[], None]) -> None:
+    """The loop `serve` started ends with its serve, however that ended (a `kill -9` of serve
+    leaves no loop deciding beside the next serve's)."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            logging.getLogger(__name__).warning("serve (pid %d) is gone: the loop stops", parent)
+            halt()
+            return
+
+
 def run_loop(config: ServiceConfig, policy: Policy) -> None:
     from webhook.adapters.slurm import SlurmCluster
     from webhook.ledger.store import Ledger
-    from webhook.service.loop import LiveLoop
+    from webhook.service.leadership import Replica
+    from webhook.service.loop import LiveLoop, monitor_forced
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    stop = threading.Event()
+    ledger = Ledger(config.database_url)
+    ledger.lock_for_loop()  # SQLite: one loop a file (LoopRefused otherwise)
+    cluster = SlurmCluster(env=config.cluster.slurm_env())
+
+    def make_loop(ledger: Ledger) -> LiveLoop:
+        """A new term's loop, built from the ledger as a restart builds one; `ledger` is
+        fenced by the term (every part of the loop writes through it)."""
+        dispatcher = None
+        if config.executor.enabled:
+            from webhook.executor.dispatch import Dispatcher
+            from webhook.executor.runner import INVENTORY
+
+            dispatcher = Dispatcher(
+                ledger,
+                slurm_env=config.cluster.slurm_env(),
+                inventory=config.executor.inventory or INVENTORY,
+                timeout=config.executor.timeout_seconds,
+                concurrency=config.executor.concurrency,
+                retries=config.executor.retries,
+                force_monitor=lambda: monitor_forced(ledger),
+                artifacts=config.executor.artifacts_dir.resolve()
+                if config.executor.diagnostics
+                else None,
+            )
+        verifier = None
+        if config.verification.prometheus_url:
+            from webhook.adapters.prometheus import Prometheus
+            from webhook.service.verify import Verifier
+
+            verifier = Verifier(ledger, Prometheus(config.verification.prometheus_url), policy)
+        notifier = None
+        if config.notify.alertmanager_url:
+            from datetime import timedelta
+
+            from webhook.service.notify import Notifier
+
+            notifier = Notifier(
+                ledger,
+                config.notify.alertmanager_url,
+                console_url=config.console.public_url,
+                interval=config.notify.interval_seconds,
+                lookback=timedelta(hours=config.notify.escalation_lookback_hours),
+            )
+        return LiveLoop(
+            ledger,
+            policy,
+            cluster.view,
+            refresh_seconds=config.cluster.refresh_seconds,
+            dispatcher=dispatcher,
+            verifier=verifier,
+            verify_seconds=config.verification.interval_seconds,
+            notifier=notifier,
+        )
+
+    replica = Replica(
+        ledger,
+        config.replica_name(),
+        make_loop,
+        lease_seconds=config.replicas.lease_seconds,
+    )
 
     def on_term(_sig: int, _frame: FrameType | None) -> None:
-        stop.set()
+        replica.halt()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    cluster = SlurmCluster(env=config.cluster.slurm_env())
-    ledger = Ledger(config.database_url)
-    dispatcher = None
-    if config.executor.enabled:
-        from webhook.executor.dispatch import Dispatcher
-        from webhook.executor.runner import INVENTORY
-
-        env = config.cluster.slurm_env()
-        dispatcher = Dispatcher(
-            ledger,
-            slurm_env=env,
-            inventory=config.executor.inventory or INVENTORY,
-            timeout=config.executor.timeout_seconds,
-            concurrency=config.executor.concurrency,
-            retries=config.executor.retries,
-            force_monitor=lambda: bool((ledger.setting("switch") or {}).get("monitor")),
-            artifacts=config.executor.artifacts_dir.resolve()
-            if config.executor.diagnostics
-            else None,
-        )
-    verifier = None
-    if config.verification.prometheus_url:
-        from webhook.adapters.prometheus import Prometheus
-        from webhook.service.verify import Verifier
-
-        verifier = Verifier(ledger, Prometheus(config.verification.prometheus_url), policy)
-    loop = LiveLoop(
-        ledger,
-        policy,
-        cluster.view,
-        refresh_seconds=config.cluster.refresh_seconds,
-        dispatcher=dispatcher,
-        verifier=verifier,
-        verify_seconds=config.verification.interval_seconds,
-    )
-    loop.run(stop, config.tick_seconds)
+    if parent := os.environ.pop(PARENT_ENV, ""):
+        threading.Thread(
+            target=_stop_when_orphaned, args=(int(parent), replica.halt), daemon=True
+        ).start()
+    replica.run(config.tick_seconds)
 
 
 @click.command()
@@ -120,15 +225,22 @@ def run_loop(config: ServiceConfig, policy: Policy) -> None:
 @policy_option
 def serve(config_path: Path | None, policy_path: Path | None) -> None:
     """Run the webhook (gunicorn) and the live loop that decides."""
+    config = config_of(config_path)
     try:
-        config = load_config(config_path)
         config.auth.secrets()  # fail now, with the key named, not in a worker
     except ConfigError as e:
         raise click.ClickException(str(e)) from e
-    read_policy(policy_path or config.policy_file)  # a bad policy fails here, named, not later
-    from webhook.ledger.store import Ledger
+    policy_of(policy_path or config.policy_file)  # a bad policy fails here, named, not later
+    from webhook.ledger.store import Ledger, LoopRefused, Unavailable
 
-    Ledger(config.database_url)  # create the tables once, before workers race to
+    try:
+        ledger = Ledger(config.database_url)  # the tables made once, before workers race to it
+        ledger.lock_for_loop()  # a second serve on one SQLite file: refused here, by name
+        ledger.unlock_loop()
+    except (Unavailable, LoopRefused) as e:  # a mistyped path, an unreachable PostgreSQL
+        raise click.ClickException(str(e)) from e
+    # The replica's name, for its loop and its web workers alike.
+    os.environ[REPLICA_ENV] = config.replica_name()
     # The loop is its own process (not a fork of this one: gunicorn forks its workers from
     # here, and they must not inherit it).
     argv = [sys.executable, "-m", "webhook.cli", "loop"]
@@ -136,7 +248,12 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
         argv.append(f"--config={config_path}")
     if policy_path is not None:
         argv.append(f"--policy={policy_path}")
-    loop = subprocess.Popen(argv)
+    loop = LoopSupervisor(
+        argv,
+        {**os.environ, PARENT_ENV: str(os.getpid())},
+        grace=config.executor.timeout_seconds + 10,  # a stop does not cut a playbook short
+    )
+    loop.start()
     # /metrics adds up the request counts of every worker from files here (prometheus-client's
     # multiprocess mode); a fresh directory per run, as its documentation asks.
     metrics_dir = tempfile.mkdtemp(prefix="slurmedic-metrics-")
@@ -145,11 +262,7 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
         _Gunicorn(config).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
-        loop.terminate()
-        try:
-            loop.wait(10)
-        except subprocess.TimeoutExpired:
-            loop.kill()
+        loop.stop()
 
 
 @click.command(name="loop")
@@ -157,8 +270,14 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
 @policy_option
 def loop_cmd(config_path: Path | None, policy_path: Path | None) -> None:
     """Run the live loop alone (`serve` runs it beside the webhook)."""
+    config = config_of(config_path)
+    from webhook.ledger.settings import CorruptSetting
+    from webhook.ledger.store import LoopRefused
+
     try:
-        config = load_config(config_path)
-    except ConfigError as e:
+        run_loop(config, policy_of(policy_path or config.policy_file))
+    except CorruptSetting as e:  # the breaker, read at start: mend it, then start again
         raise click.ClickException(str(e)) from e
-    run_loop(config, read_policy(policy_path or config.policy_file))
+    except LoopRefused as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(REFUSED)

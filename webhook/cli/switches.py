@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
-from webhook.cli.common import config_option, ledger_of
+from webhook.cli.common import config_of, config_option, ledger_of
 from webhook.core.decisions import Decision
 from webhook.core.incidents import IncidentKey
+from webhook.core.lifecycle import EXECUTED, FAILED
 from webhook.executor.runner import INVENTORY, run_playbook
-from webhook.service.config import load_config
+from webhook.ledger.settings import Breaker, CorruptSetting, Switch
 
 
 @click.command()
@@ -20,7 +21,7 @@ from webhook.service.config import load_config
 def switch(config_path: Path | None, to: str) -> None:
     """Send every action back to monitor mode at once (`monitor`), or follow the policy again."""
     ledger = ledger_of(config_path)
-    ledger.set_setting("switch", {"monitor": to == "monitor"}, datetime.now(UTC))
+    ledger.put(Switch(monitor=to == "monitor"), datetime.now(UTC))
     if to == "monitor":
         click.echo("every action now runs in check mode only, whatever the policy says")
     else:
@@ -36,11 +37,15 @@ def breaker() -> None:
 @config_option
 def status(config_path: Path | None) -> None:
     """Is the breaker open?"""
-    state = ledger_of(config_path).setting("breaker") or {}
-    if state.get("open"):
-        click.echo(f"open since {state.get('opened_at')}: drains become escalations")
+    try:
+        state = ledger_of(config_path).setting(Breaker)
+    except CorruptSetting as e:
+        raise click.ClickException(str(e)) from e
+    if state.open:
+        since = state.opened_at.isoformat() if state.opened_at else "an unknown time"
+        click.echo(f"open since {since}: drains become escalations")
     else:
-        click.echo("closed" + (f" (reset {state['reset_at']})" if state.get("reset_at") else ""))
+        click.echo("closed" + (f" (reset {state.reset_at.isoformat()})" if state.reset_at else ""))
 
 
 @breaker.command()
@@ -48,7 +53,7 @@ def status(config_path: Path | None) -> None:
 def reset(config_path: Path | None) -> None:
     """Close the breaker; drains before now no longer count against it."""
     now = datetime.now(UTC)
-    ledger_of(config_path).set_setting("breaker", {"open": False, "reset_at": now.isoformat()}, now)
+    ledger_of(config_path).put(Breaker(open=False, reset_at=now), now)
     click.echo("breaker closed")
 
 
@@ -57,7 +62,7 @@ def reset(config_path: Path | None) -> None:
 @click.argument("nodes", nargs=-1, required=True)
 def resume(config_path: Path | None, nodes: tuple[str, ...]) -> None:
     """Return repaired NODES to service (only nodes slurmedic drained)."""
-    config = load_config(config_path)
+    config = config_of(config_path)
     ledger = ledger_of(config_path)
     env = config.cluster.slurm_env()
     now = datetime.now(UTC)
@@ -81,7 +86,7 @@ def resume(config_path: Path | None, nodes: tuple[str, ...]) -> None:
         reason=f"{getpass.getuser()} returned {', '.join(nodes)} to service",
         nodes=tuple(nodes),
         mode="enforce",
-        state="executed" if result.ok else "failed",
+        state=EXECUTED if result.ok else FAILED,
     )
     (decision_id,) = ledger.record(
         [decision], detail={"by": getpass.getuser(), "run": result.summary()}

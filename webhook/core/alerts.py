@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 FNV_OFFSET, FNV_PRIME, SEPARATOR = 14695981039346656037, 1099511628211, 0xFF
 ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -32,6 +33,20 @@ class Alert(BaseModel):
     endsAt: AwareDatetime | None = None
     generatorURL: str = ""
     fingerprint: str = Field(default="", pattern=r"^[0-9a-f]{0,32}$")
+
+    @field_validator("startsAt", "endsAt")
+    @classmethod
+    def _in_range(cls, v: datetime | None) -> datetime | None:
+        # 0001-01-01T00:00:00+05:00 is a valid timestamp whose UTC is before year 1: the
+        # ledger (and every comparison) works in UTC, so it is refused here, by name.
+        if v is not None:
+            try:
+                v.astimezone(UTC)
+            except OverflowError:
+                raise ValueError(
+                    "out of range: in UTC it falls before year 1 or after 9999"
+                ) from None
+        return v
 
     def model_post_init(self, _context: object) -> None:
         if not self.fingerprint:

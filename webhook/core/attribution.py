@@ -4,7 +4,7 @@ DESIGN.md's rules, strongest first: hardware evidence on a node (1); the node th
 silent while the others logged NCCL timeouts (2); a persistent straggler (3); application
 errors with no hardware evidence (4); many nodes at once or most of a switch, which overrides
 1-3 for the nodes it covers (5); timeouts everywhere or a stalled job with nothing to blame (6);
-anything else (7).
+anything else (7). RULES holds them in the order they are tried: the first that speaks decides.
 
 Application evidence from a node whose ranks had already witnessed a communication failure (an
 NCCL timeout or error) or stalled is that failure's echo, not the application's fault: a rank
@@ -15,17 +15,15 @@ no node.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from webhook.core.cluster import ClusterView
-from webhook.core.evidence import APPLICATION, HARDWARE, Evidence
-from webhook.core.policy import SharedCause
+from webhook.core.evidence import Evidence
+from webhook.core.shared_cause import SharedCauses
+from webhook.core.signals import APPLICATION, HANG, HARDWARE, STALL, STRAGGLER, TIMEOUT
 
-HARDWARE_ORDER = ("gpu_hw", "node_down", "network")
-# Evidence that can only say "the job stalled": it names no node by itself.
-STALL = frozenset({"hang", "nccl_timeout"})
+HARDWARE_ORDER = tuple(HARDWARE)
 
 
 @dataclass(frozen=True)
@@ -45,129 +43,154 @@ def names(nodes: Iterable[str]) -> str:
     )
 
 
-def shared_nodes(
-    view: ClusterView, evidence: Iterable[Evidence], rules: SharedCause, now: datetime
-) -> tuple[set[str], str]:
-    """Nodes whose failure has a shared cause (rule 5), and a sentence saying which."""
-    failing = {
-        e.node
-        for e in evidence
-        if e.node and e.signal in HARDWARE and e.actionable and e.starts_at >= now - rules.window
-    }
-    shared: set[str] = set()
-    why = []
-    for switch, members in sorted(view.switches.items()):
-        down = failing & set(members)
-        if (
-            len(down) >= rules.switch_min_nodes
-            and len(down) / len(members) >= rules.switch_fraction
-        ):
-            shared |= down
-            why.append(f"{len(down)} of the {len(members)} nodes under switch {switch}")
-    jobs = {j.id for n in failing for j in view.jobs_on(n)}
-    if (
-        len(failing) >= rules.cluster_min_nodes
-        and len(failing) >= rules.cluster_fraction * max(1, len(view.nodes))
-        and len(jobs) >= 2
-    ):
-        shared |= failing
-        why.append(f"{len(failing)} nodes across {len(jobs)} jobs")
-    window = int(rules.window.total_seconds())
-    return shared, f"{' and '.join(why)} failed within {window}s" if why else ""
+@dataclass(frozen=True)
+class Facts:
+    """What the rules read of one incident: its actionable evidence by signal, its job's nodes,
+    and what rule 5 says of its hardware evidence."""
+
+    job_nodes: frozenset[str]
+    by_signal: dict[str, list[Evidence]]
+    # Hardware evidence on nodes no shared cause covers, the strongest kind first.
+    hardware: list[Evidence]
+    covered: frozenset[str]  # nodes with hardware evidence that a shared cause covers
+    shared: str  # why those are a shared cause ("" when none is covered)
+
+    def of(self, *signals: str) -> list[Evidence]:
+        return [e for s in signals for e in self.by_signal.get(s, [])]
+
+    def nodes_of(self, *signals: str) -> set[str]:
+        return {e.node for e in self.of(*signals) if e.node}
 
 
-def attribute(
-    evidence: list[Evidence],
-    job_nodes: tuple[str, ...],
-    view: ClusterView,
-    all_evidence: list[Evidence],
-    rules: SharedCause,
-    now: datetime,
-) -> Attribution:
-    """Attribute one incident from its own evidence (and everyone's, for shared causes)."""
-    ev = [e for e in evidence if e.actionable]
+def facts(evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: SharedCauses) -> Facts:
     by_signal: dict[str, list[Evidence]] = {}
-    for e in ev:
-        by_signal.setdefault(e.signal, []).append(e)
-
+    for e in evidence:
+        if e.actionable:
+            by_signal.setdefault(e.signal, []).append(e)
     hardware = [e for s in HARDWARE_ORDER for e in by_signal.get(s, []) if e.node]
-    shared, shared_why = shared_nodes(view, all_evidence, rules, now) if hardware else (set(), "")
-    shared_reason = f"{shared_why}: a shared cause, not bad nodes"
-    covered = {e.node for e in hardware} & shared
-    # Rule 5 overrides rule 1 for the nodes it covers, and only for those.
-    hardware = [e for e in hardware if e.node not in shared]
-    if covered and not hardware:
-        return Attribution("shared_infrastructure", (), f"{shared_reason}; nothing is drained")
+    covered = frozenset(e.node for e in hardware if e.node and shared.covers(e.node))
+    return Facts(
+        job_nodes=frozenset(job_nodes),
+        by_signal=by_signal,
+        hardware=[e for e in hardware if e.node not in covered],
+        covered=covered,
+        shared=f"{shared.reason}: a shared cause, not bad nodes" if covered else "",
+    )
 
-    # 1. Hardware evidence implicates its nodes; the strongest kind names the cause.
-    if hardware:
-        cause = HARDWARE[hardware[0].signal]
-        nodes = tuple(sorted({e.node for e in hardware if e.node}))
-        first = hardware[0]
-        reason = first.summary or f"{first.alertname} on {first.node}"
-        others = [n for n in nodes if n != first.node]
-        if others:
-            reason += f"; hardware evidence on {names(others)} too"
-        return Attribution(cause, nodes, reason, shared=shared_reason if covered else "")
 
-    # 2. The silent node: every other node of the job logged an NCCL timeout.
-    timeouts = {e.node for e in by_signal.get("nccl_timeout", []) if e.node}
-    spoke = timeouts | {e.node for s in APPLICATION for e in by_signal.get(s, []) if e.node}
-    # A rank stuck in its own collective (its watchdog or heartbeat says so) is silent too.
-    silent = tuple(sorted(set(job_nodes) - spoke))
-    # Exactly one: several silent nodes at once point at no single node (a switch, power).
-    if timeouts and len(silent) == 1 and set(job_nodes) - set(silent) == timeouts:
+Rule = Callable[[Facts], Attribution | None]
+
+
+def shared_cause_only(f: Facts) -> Attribution | None:
+    """5. A shared cause covers every node with hardware evidence: nothing is to blame on them.
+    (Where it covers only some, rule 1 blames the others.)"""
+    if f.covered and not f.hardware:
+        return Attribution("shared_infrastructure", (), f"{f.shared}; nothing is drained")
+    return None
+
+
+def hardware(f: Facts) -> Attribution | None:
+    """1. Hardware evidence implicates its nodes; the strongest kind names the cause."""
+    if not f.hardware:
+        return None
+    first = f.hardware[0]
+    nodes = tuple(sorted({e.node for e in f.hardware if e.node}))
+    reason = first.summary or f"{first.alertname} on {first.node}"
+    others = [n for n in nodes if n != first.node]
+    if others:
+        reason += f"; hardware evidence on {names(others)} too"
+    return Attribution(HARDWARE[first.signal], nodes, reason, shared=f.shared)
+
+
+def silent_node(f: Facts) -> Attribution | None:
+    """2. The silent node: every other node of the job logged an NCCL timeout. A rank stuck in
+    its own collective (its watchdog or heartbeat says so) is silent too; several silent nodes
+    at once point at no single node (a switch, power)."""
+    timeouts = f.nodes_of(*TIMEOUT)
+    silent = tuple(sorted(f.job_nodes - timeouts - f.nodes_of(*APPLICATION)))
+    if timeouts and len(silent) == 1 and f.job_nodes - set(silent) == timeouts:
         return Attribution(
             "node_failure",
             silent,
             f"{names(silent)} stayed silent while {names(timeouts)} logged NCCL timeouts: "
             "the collective waited for it",
         )
+    return None
 
-    # 3. A persistent straggler.
-    stragglers = tuple(sorted({e.node for e in by_signal.get("straggler", []) if e.node}))
-    if stragglers and len(stragglers) < max(2, len(job_nodes)):
+
+def straggler(f: Facts) -> Attribution | None:
+    """3. A persistent straggler (not every node of the job: then none is slower)."""
+    stragglers = tuple(sorted(f.nodes_of(*STRAGGLER)))
+    if stragglers and len(stragglers) < max(2, len(f.job_nodes)):
         return Attribution(
             "straggler",
             stragglers,
             f"{names(stragglers)} is persistently slower than its peers: "
             "every collective waits for it",
         )
+    return None
 
-    # 4. Application errors with no hardware evidence (and not the echo of a timeout).
+
+def application(f: Facts) -> Attribution | None:
+    """4. Application errors with no hardware evidence (and not the echo of a timeout or a
+    stall that came first on the same node)."""
     stalled: dict[str, datetime] = {}
-    for e in (e for s in STALL for e in by_signal.get(s, [])):
+    for e in f.of(*sorted(STALL)):
         if e.node:
             stalled[e.node] = min(e.starts_at, stalled.get(e.node, e.starts_at))
     app = [
         e
-        for s in ("gpu_app", "app_error")
-        for e in by_signal.get(s, [])
+        for e in f.of(*APPLICATION)
         if e.node is None or e.node not in stalled or e.starts_at < stalled[e.node]
     ]
-    if app:
-        where = {e.node for e in app if e.node}
-        scope = f"on {names(where)}" if where else "in the job"
-        example = next((e.summary for e in app if e.summary), app[0].alertname)
-        return Attribution(
-            "application",
-            (),
-            f"Application errors {scope} and no hardware evidence: {example}",
-        )
+    if not app:
+        return None
+    where = {e.node for e in app if e.node}
+    scope = f"on {names(where)}" if where else "in the job"
+    example = next((e.summary for e in app if e.summary), app[0].alertname)
+    return Attribution(
+        "application", (), f"Application errors {scope} and no hardware evidence: {example}"
+    )
 
-    # 6. Timeouts on every rank, or stalled progress, with nothing to blame.
-    if by_signal.get("hang") or (timeouts and timeouts >= set(job_nodes)):
-        what = (
-            "NCCL timeouts on every node"
-            if timeouts >= set(job_nodes) and timeouts
-            else "stalled progress"
-        )
-        return Attribution("hang", (), f"The job hangs ({what}) and no node is to blame")
 
-    signals = ", ".join(sorted(by_signal)) or "none"
+def hang(f: Facts) -> Attribution | None:
+    """6. Timeouts on every rank, or stalled progress, with nothing to blame."""
+    timeouts = f.nodes_of(*TIMEOUT)
+    everywhere = bool(timeouts) and timeouts >= f.job_nodes
+    if not (f.of(*HANG) or everywhere):
+        return None
+    what = "NCCL timeouts on every node" if everywhere else "stalled progress"
+    return Attribution("hang", (), f"The job hangs ({what}) and no node is to blame")
+
+
+def unknown(f: Facts) -> Attribution:
+    """7. Anything else."""
+    signals = ", ".join(sorted(f.by_signal)) or "none"
     return Attribution(
         "unknown", (), f"The evidence ({signals}) points at no node and no application"
     )
+
+
+# The rules in the order they are tried; `unknown` speaks when none does.
+RULES: tuple[tuple[str, Rule], ...] = (
+    ("shared_cause", shared_cause_only),
+    ("hardware", hardware),
+    ("silent_node", silent_node),
+    ("straggler", straggler),
+    ("application", application),
+    ("hang", hang),
+)
+
+
+def attribute(
+    evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: SharedCauses
+) -> Attribution:
+    """Attribute one incident from its own evidence, and rule 5's verdict on the cluster."""
+    f = facts(evidence, job_nodes, shared)
+    for _name, rule in RULES:
+        if (found := rule(f)) is not None:
+            return found
+    return unknown(f)
 
 
 def stall_only(attr: Attribution, evidence: list[Evidence]) -> bool:

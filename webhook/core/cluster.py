@@ -4,14 +4,14 @@ scenario's snapshot); the core never asks Slurm itself."""
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-# Slurm node names that may reach a command line: letters, digits, dot, dash, underscore.
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-JOB_ID = re.compile(r"^[0-9]{1,10}$")
+# Their home is patterns.py; the adapters and the core import them from here.
+from webhook.core.patterns import JOB_ID as JOB_ID
+from webhook.core.patterns import NODE_NAME as NODE_NAME
+
 ACTIVE_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"}
 # Slurm's job base states (the rest of a state list, or squeue's word, are flags).
 JOB_BASE_STATES = {
@@ -48,7 +48,7 @@ FAILED_STATES = ENDED_STATES - ENDED_ON_PURPOSE
 def _ran_at(job: Job, at: datetime) -> bool:
     if job.started is not None and job.started > at:
         return False
-    if job.state in ACTIVE_STATES:
+    if job.active:
         return True
     return job.ended is None or job.ended >= at
 
@@ -65,6 +65,9 @@ class Node:
     # sinfo's long state (`allocated*`, `drained`, `down*`, ...), for reporting: the core
     # decides on `state`.
     status: str = ""
+    # GPUs the node has (its `gpu` gres); 0 when Slurm names none. What a drain takes out of
+    # service, and what a job on the node holds.
+    gpus: int = 0
 
     @property
     def partitions(self) -> tuple[str, ...]:
@@ -91,6 +94,24 @@ class Job:
     @property
     def attempt(self) -> str:
         return f"{self.id}.{self.restarts}"
+
+    # What Slurm's state says of the job. `ended` is taken (when it ended, if it did): hence
+    # `has_ended`.
+    @property
+    def active(self) -> bool:
+        """Running, or holding its nodes (completing, configuring, suspended)."""
+        return self.state in ACTIVE_STATES
+
+    @property
+    def has_ended(self) -> bool:
+        """No longer running nor waiting to (completed, failed, cancelled, requeued...)."""
+        return not self.active and self.state != "PENDING"
+
+    @property
+    def interrupted(self) -> bool:
+        """Ended before it completed, by a fault or by choice (FAILED, NODE_FAIL, CANCELLED,
+        TIMEOUT...): Slurm's state itself, not a flag's base state."""
+        return self.state in ENDED_STATES
 
     @property
     def ended_on_purpose(self) -> bool:
@@ -119,7 +140,7 @@ class Job:
 def eligible(job: Job) -> bool:
     """Eligible to run, for goodput (ETTR): running, or waiting again after it has run (a
     requeue). The wait before the first start is the queue's, not a failure's."""
-    if job.state in ACTIVE_STATES:
+    if job.active:
         return True
     return job.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED") and job.restarts > 0
 
@@ -147,14 +168,12 @@ class ClusterView:
         if self._by_node is None:
             index: dict[str, list[Job]] = {}
             for j in self.jobs.values():
-                if j.state in ACTIVE_STATES or j.state in ENDED_STATES:
+                if j.active or j.interrupted:
                     for n in j.nodes:
                         index.setdefault(n, []).append(j)
             self._by_node = index
         return [
-            j
-            for j in self._by_node.get(node, [])
-            if (j.state in ACTIVE_STATES if at is None else _ran_at(j, at))
+            j for j in self._by_node.get(node, []) if (j.active if at is None else _ran_at(j, at))
         ]
 
     def switch_of(self, node: str) -> str | None:

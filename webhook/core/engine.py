@@ -1,7 +1,7 @@
 """The engine, sans-I/O: payloads and ticks in (with their time), decisions out.
 
-State: the alerts seen (fingerprint + startsAt, so re-deliveries change nothing), the evidence,
-the incidents (keys: webhook.core.incidents) and the guards' memory.
+State: the alerts seen (fingerprint + startsAt, so re-deliveries change nothing), the incidents
+(keys: webhook.core.incidents), rule 5's count of failing nodes and the guards' memory.
 
 When an incident is decided:
 - `settle_seconds` after its first evidence was received, so that the XID explaining a wave of
@@ -18,10 +18,23 @@ carried out already). An incident whose decision was carried out is closed: what
 the consequence of the action, not news about the failure. A drain, requeue or stop in monitor
 or enforce mode counts as carried out when it is decided (monitor shows what enforce would do);
 one waiting for approval is closed by the loop (`close`) once it runs.
+
+Cost: each alert, decision and view costs what it touches, not what the engine remembers: the
+incidents due are kept in time order, the ones waiting on a job by job, and rule 5's failing
+nodes per switch (webhook.core.shared_cause).
+
+Memory: the policy's `retention`. An incident decided longer ago than that, with nothing left
+to wait for, is forgotten once no alert can reach it any more: an attempt whose job Slurm has
+forgotten (or that has restarted twice since), any failure of an idle node (the node's next
+failure still gets the next key: the engine keeps the last one). So are the alerts seen that
+were last delivered before it (Alertmanager repeats a firing alert well within it) and the
+guards' history older than it. Evidence of a forgotten node failure (it started before that
+failure was decided) is history, not news: it is not acted on.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -29,17 +42,13 @@ from datetime import datetime, timedelta
 from webhook.core.alerts import Payload
 from webhook.core.attribution import Attribution, attribute, stall_only
 from webhook.core.cluster import ClusterView, Job
-from webhook.core.decisions import (
-    SCHEDULER_ACTIONS,
-    Decision,
-    GuardState,
-    PastAction,
-    decide,
-    job_ended,
-)
-from webhook.core.evidence import HARDWARE, Evidence, from_alert
+from webhook.core.decisions import SCHEDULER_ACTIONS, Decision, GuardState, PastAction
+from webhook.core.evidence import Evidence, from_alert
+from webhook.core.guards import decide
 from webhook.core.incidents import IncidentKey
 from webhook.core.policy import Policy
+from webhook.core.shared_cause import FailingNodes, SharedCauses
+from webhook.core.signals import HARDWARE
 
 EvidenceKey = tuple[str, datetime]  # fingerprint, startsAt to the second (as the ledger keeps it)
 
@@ -84,18 +93,38 @@ def signature(decisions: Iterable[Decision]) -> set[tuple[object, ...]]:
     return {(d.action, d.cause, tuple(d.nodes), tuple(d.exclude), d.guard) for d in decisions}
 
 
+# How often (engine time) forgotten things are swept out, as a share of the retention.
+SWEEPS_PER_RETENTION = 24
+
+
 @dataclass
 class Engine:
     view: ClusterView
     policy: Policy = field(default_factory=Policy)
     guards: GuardState = field(default_factory=GuardState)
-    seen: set[tuple[str, datetime]] = field(default_factory=set)
-    evidence: list[Evidence] = field(default_factory=list)
+    # Alerts seen (fingerprint, startsAt), and when each was last delivered.
+    seen: dict[tuple[str, datetime], datetime] = field(default_factory=dict)
     incidents: dict[str, Incident] = field(default_factory=dict)
     # Evidence a restored incident was decided on, and that incident: fed again after a
     # restart, it goes back there, whatever the cluster looks like now (the job it hit has
     # moved on, its node is idle: it is not a new failure of that node).
     decided_on: dict[EvidenceKey, str] = field(default_factory=dict)
+    failing: FailingNodes = field(default_factory=FailingNodes, repr=False)
+    # Per idle node, the last of its failures that was forgotten: (its number, decided when).
+    forgotten_nodes: dict[str, tuple[int, datetime]] = field(default_factory=dict, repr=False)
+    # Indexes over `incidents`, kept by `_indexed` whenever an incident changes:
+    # (when due, key), in time order; entries an incident's later change outdated stay behind
+    # and are skipped.
+    _due: list[tuple[datetime, str]] = field(default_factory=list, init=False, repr=False)
+    _revisable: set[str] = field(default_factory=set, init=False, repr=False)
+    # Incidents the end of their job is news for, by job.
+    _on_job: dict[int, set[str]] = field(default_factory=dict, init=False, repr=False)
+    _swept_at: datetime | None = field(default=None, init=False, repr=False)
+    _attempt_keys: dict[tuple[int, int], str] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for inc in self.incidents.values():
+            self._indexed(inc)
 
     @classmethod
     def with_history(cls, view: ClusterView, policy: Policy, history: list[PastAction]) -> Engine:
@@ -103,12 +132,14 @@ class Engine:
 
     def restore(self, incidents: Iterable[Incident]) -> None:
         """Incidents decided before a restart (the ledger's), so that their evidence, fed again,
-        is known, and a node's next failure is a new incident."""
+        is known, and a node's next failure is a new incident. Those past the retention are
+        forgotten at the next tick, as they would have been without the restart."""
         for inc in incidents:
             inc.decided = True
             self.incidents[inc.key] = inc
             for key in inc.known:
                 self.decided_on.setdefault(key, inc.key)
+            self._indexed(inc)
 
     def close(self, keys: Iterable[str]) -> None:
         """Incidents whose decisions were carried out: not revised any more."""
@@ -116,15 +147,12 @@ class Engine:
             if k in self.incidents:
                 self.incidents[k].closed = True
                 self.incidents[k].check_at = None
+                self._indexed(self.incidents[k])
 
     def revisable(self) -> list[str]:
         """Decided incidents a revision is due for (the loop asks the ledger which of them were
         carried out meanwhile, and closes those first)."""
-        return [
-            i.key
-            for i in self.incidents.values()
-            if i.decided and not i.closed and i.check_at is not None
-        ]
+        return sorted(self._revisable)
 
     # ---- input -------------------------------------------------------------------------
     def receive(self, payload: Payload, at: datetime) -> Receipt:
@@ -136,17 +164,19 @@ class Engine:
                 resolved += 1  # a resolved alert is not evidence of a failure
                 continue
             key = (alert.fingerprint, alert.startsAt)
-            if key in self.seen:
+            seen = key in self.seen
+            self.seen[key] = at
+            if seen:
                 dup += 1
                 continue
-            self.seen.add(key)
             new += 1
             ev = from_alert(alert, at, self.view)
-            self.evidence.append(ev)
             if not ev.actionable:
                 rejected.append(f"{ev.alertname or alert.fingerprint}: {'; '.join(ev.problems)}")
                 continue
-            before = self.decided_on.get(evidence_key(*key))
+            self.failing.add(ev)
+            known = evidence_key(*key)
+            before = self.decided_on.get(known)
             targets = (
                 [self.incidents[before]]
                 if before in self.incidents
@@ -155,7 +185,7 @@ class Engine:
             for incident in targets:
                 incident.evidence.append(ev)
                 touched.add(incident.key)
-                self._news(incident, evidence_key(*key), at)
+                self._news(incident, known, at)
         return Receipt(new, dup, resolved, tuple(rejected), tuple(sorted(touched)))
 
     def _news(self, incident: Incident, key: EvidenceKey, at: datetime) -> None:
@@ -166,29 +196,30 @@ class Engine:
         if incident.decided or incident.check_at is not None:
             self._look_by(incident, at + timedelta(seconds=self.policy.settle_seconds))
 
-    @staticmethod
-    def _look_by(incident: Incident, when: datetime) -> None:
+    def _look_by(self, incident: Incident, when: datetime) -> None:
         """Look at the incident by `when` at the latest: news never postpones a look already
         due (a trickle of evidence must not hold a decision back)."""
         incident.check_at = min(incident.check_at or when, when)
+        self._indexed(incident)
 
     def update_view(self, view: ClusterView, at: datetime | None = None) -> None:
         self.view = view
         if at is None:
             return
         settle = at + timedelta(seconds=self.policy.settle_seconds)
-        for inc in self.incidents.values():
-            if inc.closed or inc.job is None:
-                continue
-            job = view.jobs.get(inc.job)
-            if not inc.decided and inc.check_at is not None and job is not None and job.failed:
-                self._look_by(inc, settle)  # a stall's wait ends with the job: nothing more comes
-            if inc.until_job_ends and (job is None or job_ended(job)):
-                inc.until_job_ends = False
-                # Only a failure is news: a job that completed, or that its owner cancelled,
-                # leaves the decision (and what people were told) as it was.
-                if job is not None and job.failed:
-                    self._look_by(inc, settle)
+        for job_id in list(self._on_job):
+            job = view.jobs.get(job_id)
+            for key in sorted(self._on_job.get(job_id, ())):
+                inc = self.incidents[key]
+                if not inc.decided and inc.check_at is not None and job is not None and job.failed:
+                    self._look_by(inc, settle)  # a stall's wait ends with the job: no more comes
+                if inc.until_job_ends and (job is None or job.has_ended):
+                    inc.until_job_ends = False
+                    # Only a failure is news: a job that completed, or that its owner cancelled,
+                    # leaves the decision (and what people were told) as it was.
+                    if job is not None and job.failed:
+                        self._look_by(inc, settle)
+                    self._indexed(inc)
 
     def _incidents_for(self, ev: Evidence, at: datetime) -> list[Incident]:
         if ev.job is not None:
@@ -204,10 +235,10 @@ class Engine:
             return [self._incident(self._attempt_key(j, ev), j.id, None, at) for j in jobs]
         if ev.signal not in HARDWARE:
             return []  # nothing ran there: only evidence against the node itself matters
-        return [self._incident(self._node_key(ev), None, ev.node, at)]
+        key = self._node_key(ev)
+        return [self._incident(key, None, ev.node, at)] if key is not None else []
 
-    @staticmethod
-    def _attempt_key(job: Job, ev: Evidence) -> str:
+    def _attempt_key(self, job: Job, ev: Evidence) -> str:
         """The attempt that was running when the failure began: a late alert about the attempt
         slurmedic already requeued belongs to that attempt, not to its successor; so does a
         stall whose last progress predates the successor (it has not reported yet)."""
@@ -215,13 +246,22 @@ class Engine:
         attempt = job.restarts
         if job.restarts > 0 and job.started is not None and began < job.started:
             attempt -= 1
-        return str(IncidentKey.of_attempt(job.id, attempt))
+        # Spelt once per attempt, not once per alert.
+        if (key := self._attempt_keys.get((job.id, attempt))) is None:
+            key = self._attempt_keys[job.id, attempt] = str(IncidentKey.of_attempt(job.id, attempt))
+        return key
 
-    def _node_key(self, ev: Evidence) -> str:
+    def _node_key(self, ev: Evidence) -> str | None:
         """One incident per failure of an idle node: a failure that starts after the last one
-        was decided is a new one."""
+        was decided is a new one. None: the evidence belongs to a failure decided so long ago
+        that it was forgotten."""
         assert ev.node is not None
         key = IncidentKey.of_node(ev.node)
+        if (gone := self.forgotten_nodes.get(ev.node)) is not None:
+            seq, decided_at = gone
+            if ev.starts_at <= decided_at:
+                return None
+            key = IncidentKey.of_node(ev.node, seq + 1)
         while str(key) in self.incidents:
             inc = self.incidents[str(key)]
             if not inc.decided or inc.decided_at is None or ev.starts_at <= inc.decided_at:
@@ -232,7 +272,28 @@ class Engine:
     def _incident(self, key: str, job: int | None, node: str | None, at: datetime) -> Incident:
         if key not in self.incidents:
             self.incidents[key] = Incident(key=key, job=job, node=node, opened_at=at)
+            self._indexed(self.incidents[key])
         return self.incidents[key]
+
+    def _indexed(self, inc: Incident) -> None:
+        """Bring the indexes up to date with a change of `inc` (every change goes through here)."""
+        due = self.due_at(inc)
+        if due is not None:
+            heapq.heappush(self._due, (due, inc.key))
+        if inc.decided and not inc.closed and inc.check_at is not None:
+            self._revisable.add(inc.key)
+        else:
+            self._revisable.discard(inc.key)
+        if inc.job is not None:
+            waits = not inc.closed and (
+                inc.until_job_ends or (not inc.decided and inc.check_at is not None)
+            )
+            if waits:
+                self._on_job.setdefault(inc.job, set()).add(inc.key)
+            elif inc.key in self._on_job.get(inc.job, ()):
+                self._on_job[inc.job].discard(inc.key)
+                if not self._on_job[inc.job]:
+                    del self._on_job[inc.job]
 
     # ---- time --------------------------------------------------------------------------
     def due_at(self, incident: Incident) -> datetime | None:
@@ -244,48 +305,49 @@ class Engine:
             seconds=self.policy.settle_seconds
         )
 
+    def _current(self, entry: tuple[datetime, str]) -> Incident | None:
+        """The incident an entry of `_due` is for, when it still falls due then."""
+        inc = self.incidents.get(entry[1])
+        return inc if inc is not None and self.due_at(inc) == entry[0] else None
+
     def next_due(self) -> datetime | None:
-        due = [d for i in self.incidents.values() if (d := self.due_at(i)) is not None]
-        return min(due) if due else None
+        while self._due and self._current(self._due[0]) is None:
+            heapq.heappop(self._due)
+        return self._due[0][0] if self._due else None
 
     def tick(self, now: datetime) -> list[Decision]:
         """Decide (or revise) every incident that is due, earliest first."""
-        due = sorted(
-            (
-                (d, i)
-                for i in self.incidents.values()
-                if (d := self.due_at(i)) is not None and d <= now
-            ),
-            key=lambda p: (p[0], p[1].key),
-        )
+        self._sweep(now)
+        due: dict[str, datetime] = {}
+        while self._due and self._due[0][0] <= now:
+            entry = heapq.heappop(self._due)
+            if self._current(entry) is not None:
+                due[entry[1]] = entry[0]
+        shared = self.failing.at(now, self.view, self.policy.shared_cause)
         decisions: list[Decision] = []
-        for _, incident in due:
-            decisions += self._decide(incident, now)
+        for key, _ in sorted(due.items(), key=lambda p: (p[1], p[0])):
+            incident = self.incidents[key]
+            decisions += self._decide(incident, shared, now)
+            self._indexed(incident)
         return decisions
 
-    def _decide(self, incident: Incident, now: datetime) -> list[Decision]:
+    def _decide(self, incident: Incident, shared: SharedCauses, now: datetime) -> list[Decision]:
         job = self.view.jobs.get(incident.job) if incident.job is not None else None
         job_nodes = job.nodes if job else ((incident.node,) if incident.node else ())
         # A revision is tried on a copy of the guards without this incident's own actions: it
-        # replaces them, and changes nothing when it decides the same.
+        # replaces them, and changes nothing when it decides the same. The guards only say what
+        # their decisions change in that memory (effects); it is changed here.
         trial = self.guards.without(incident.key) if incident.decided else self.guards
         try:
-            attr = attribute(
-                incident.evidence,
-                job_nodes,
-                self.view,
-                self.evidence,
-                self.policy.shared_cause,
-                now,
-            )
+            attr = attribute(incident.evidence, job_nodes, shared)
             wait_until = incident.opened_at + self.policy.hang_wait
             # A job that ended (a fault, scancel, its time limit) has nothing more to say: its
             # ranks are gone. Only a running one is waited for.
-            waits = stall_only(attr, incident.evidence) and not (job and job_ended(job))
+            waits = stall_only(attr, incident.evidence) and not (job and job.has_ended)
             if not incident.decided and waits and now < wait_until:
                 incident.check_at = wait_until  # evidence that arrives sooner looks sooner
                 return []
-            made = decide(
+            outcome = decide(
                 incident=incident.key,
                 attr=attr,
                 job=job,
@@ -295,6 +357,8 @@ class Engine:
                 guards=trial,
                 now=now,
             )
+            made = list(outcome.decisions)
+            trial.apply(outcome.effects)
         except Exception as e:  # one bad incident must not stop the others
             attr = Attribution("unknown", (), "")
             made = [
@@ -327,6 +391,64 @@ class Engine:
         incident.standing = made
         return made
 
+    # ---- memory ------------------------------------------------------------------------
+    def _sweep(self, now: datetime) -> None:
+        """Forget what is older than the retention and can change nothing any more (now and
+        then: each sweep looks at everything, so it runs a few times per retention)."""
+        retention = self.policy.retention_age
+        if self._swept_at is not None and now < self._swept_at + retention / SWEEPS_PER_RETENTION:
+            return
+        self._swept_at = now
+        self.forget(now - retention)
+
+    def forget(self, before: datetime) -> None:
+        """Forget incidents decided before `before` that nothing can change any more, the alerts
+        last delivered before it, rule 5's nodes and the guards' history older than it."""
+        gone = [
+            inc
+            for inc in self.incidents.values()
+            if not inc.node and self._forgettable(inc, before)
+        ]
+        # A node's failures are forgotten in their order, up to the first that is not: the last
+        # one forgotten says which failures come before the ones remembered.
+        failures: dict[str, list[tuple[int, Incident]]] = {}
+        for inc in self.incidents.values():
+            if inc.node:
+                failures.setdefault(inc.node, []).append((IncidentKey.parse(inc.key).seq, inc))
+        for node, incs in failures.items():
+            for seq, inc in sorted(incs, key=lambda p: p[0]):
+                if inc.decided_at is None or not self._forgettable(inc, before):
+                    break
+                last = self.forgotten_nodes.get(node, (seq, inc.decided_at))
+                self.forgotten_nodes[node] = (seq, max(last[1], inc.decided_at))
+                gone.append(inc)
+        for inc in gone:
+            del self.incidents[inc.key]
+            self._revisable.discard(inc.key)
+            if inc.job is not None:
+                self._on_job.get(inc.job, set()).discard(inc.key)
+        self.decided_on = {k: v for k, v in self.decided_on.items() if v in self.incidents}
+        self.seen = {k: at for k, at in self.seen.items() if at >= before}
+        self.failing.forget(before)
+        self.guards.history = [h for h in self.guards.history if h.at >= before]
+        self._attempt_keys.clear()
+
+    def _forgettable(self, inc: Incident, before: datetime) -> bool:
+        if not inc.decided or inc.decided_at is None or inc.decided_at >= before:
+            return False
+        waits_for_job = inc.until_job_ends and inc.job is not None
+        if not inc.closed and (inc.check_at is not None or waits_for_job):
+            return False  # a revision is due, or waits for the job's end
+        if inc.job is None:
+            return True  # a node's failure (its next one gets the next key), or not ours
+        if not self.view.nodes:
+            return False  # no view yet: which jobs Slurm still knows is not known
+        # An attempt alerts can still reach: its job is in the view, and this attempt is the
+        # one running or the one before it (a late alert about it may still come).
+        job = self.view.jobs.get(inc.job)
+        attempt = IncidentKey.parse(inc.key).attempt
+        return job is None or attempt is None or attempt < job.restarts - 1
+
 
 def until_job_ends(made: Iterable[Decision], job: Job | None) -> bool:
     """Whether decisions were made because the job still runs (an application's symptom, an
@@ -335,7 +457,7 @@ def until_job_ends(made: Iterable[Decision], job: Job | None) -> bool:
     if any(d.guard == "job_running" for d in made):
         return True
     unknown = any(d.cause == "unknown" and d.action == "escalate" and not d.guard for d in made)
-    return unknown and (job is None or not job_ended(job))
+    return unknown and (job is None or not job.has_ended)
 
 
 def _superseding(d: Decision, incident: Incident) -> Decision:

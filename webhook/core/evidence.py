@@ -9,11 +9,7 @@ from datetime import UTC, datetime
 
 from webhook.core.alerts import Alert
 from webhook.core.cluster import JOB_ID, ClusterView
-
-# Signals that are evidence against a node itself, and the cause each points to (rule 1).
-HARDWARE = {"gpu_hw": "gpu_hardware", "node_down": "node_failure", "network": "network"}
-APPLICATION = frozenset({"gpu_app", "app_error"})
-SIGNALS = frozenset({*HARDWARE, *APPLICATION, "nccl_timeout", "hang", "straggler"})
+from webhook.core.signals import SIGNALS
 
 
 def node_label(labels: dict[str, str]) -> str | None:

@@ -21,10 +21,12 @@ import hostlist
 from webhook.core.cluster import NODE_NAME
 
 Kind = Literal["attempt", "node", "verify", "resume"]
-_ATTEMPT = re.compile(r"^(\d{1,10})\.(\d{1,6})$")
-_NODE = re.compile(r"^node:([A-Za-z0-9][A-Za-z0-9._-]{0,63}?)(?:[:#](\d{1,6}))?$")
+_ATTEMPT = re.compile(r"^([0-9]{1,10})\.([0-9]{1,6})\Z")  # \Z: no trailing newline
+# A node name holds no `:` or `#`; what it may hold is NODE_NAME's to say (of_node checks).
+_NODE = re.compile(r"^node:([^:#\n]+)(?:[:#]([0-9]{1,6}))?\Z")
 MAX_LEN = 64
 VERIFY = "verify:"  # the prefix of the verifier's keys (the ledger selects them by it)
+RESUME = "resume:"  # the prefix of a human's resumes (`slurmedic resume`)
 
 
 class BadIncidentKey(ValueError):
@@ -67,7 +69,7 @@ class IncidentKey:
             return f"{VERIFY}{self.job}.{self.attempt}"
         if self.kind == "node":
             return f"node:{self.node}" if self.seq == 1 else f"node:{self.node}:{self.seq}"
-        key = f"resume:{hostlist.collect_hostlist(list(self.nodes))}"
+        key = f"{RESUME}{hostlist.collect_hostlist(list(self.nodes))}"
         # A long list of unrelated names: the key names the first and how many more.
         return key if len(key) <= MAX_LEN else f"resume:{self.nodes[0]},+{len(self.nodes) - 1}"
 
@@ -79,8 +81,8 @@ class IncidentKey:
             return cls.verifying(int(m[1]), int(m[2]))
         if m := _NODE.match(text):
             return cls.of_node(m[1], int(m[2] or 1))
-        if text.startswith("resume:"):
-            rest = text.removeprefix("resume:")
+        if text.startswith(RESUME):
+            rest = text.removeprefix(RESUME)
             try:
                 nodes = hostlist.expand_hostlist(rest.split(",+")[0])
             except hostlist.BadHostlist as e:

@@ -1,12 +1,13 @@
 """The life of a decision: its states and the moves between them, in one table.
 
     recorded           monitor mode: kept with its dry run; nothing is carried out
-    awaiting_approval  approve mode: waits for a human
-    pending            enforce mode: waits for the executor
+    awaiting_approval  approve mode: a scheduler action waits for a human
+    pending            enforce mode (and an escalation in approve mode): waits for the executor
     approved           a human said yes: waits for the executor
     running            the executor is carrying it out
     executed / failed  carried out, or tried and failed
     rejected           a human said no
+    expired            nobody approved it within the policy's `approval_expires`
     superseded         later evidence changed the decision before it was carried out
 
 The ledger checks every state it writes against TRANSITIONS: a move that is not in the table is
@@ -16,7 +17,7 @@ about a decision (diagnostics) without moving it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 State = Literal[
     "recorded",
@@ -27,33 +28,48 @@ State = Literal[
     "executed",
     "failed",
     "rejected",
+    "expired",
     "superseded",
 ]
-NOTE = "note"
+# The states by name: everything outside this module spells a state through these.
+RECORDED: Final = "recorded"
+AWAITING_APPROVAL: Final = "awaiting_approval"
+PENDING: Final = "pending"
+APPROVED: Final = "approved"
+RUNNING: Final = "running"
+EXECUTED: Final = "executed"
+FAILED: Final = "failed"
+REJECTED: Final = "rejected"
+EXPIRED: Final = "expired"
+SUPERSEDED: Final = "superseded"
+NOTE: Final = "note"
 
-# The state a decision starts in, by the mode of its action.
+# The state a decision starts in, by the mode of its action (decisions.initial_state applies
+# it: `none` is always recorded, and an escalation never waits for approval).
 INITIAL: dict[str, State] = {
-    "monitor": "recorded",
-    "approve": "awaiting_approval",
-    "enforce": "pending",
+    "monitor": RECORDED,
+    "approve": AWAITING_APPROVAL,
+    "enforce": PENDING,
 }
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     # A dry run (or the global switch's) is recorded on the decision again.
-    "recorded": frozenset({"recorded", "superseded"}),
+    RECORDED: frozenset({RECORDED, SUPERSEDED}),
     # The global switch to monitor turns a waiting decision into a dry run; a dry run may be
     # recorded while it waits.
-    "awaiting_approval": frozenset(
-        {"awaiting_approval", "approved", "rejected", "recorded", "superseded"}
+    # Unapproved for too long, it expires: the view it was decided on has moved on.
+    AWAITING_APPROVAL: frozenset(
+        {AWAITING_APPROVAL, APPROVED, REJECTED, EXPIRED, RECORDED, SUPERSEDED}
     ),
-    "pending": frozenset({"running", "executed", "failed", "recorded", "superseded"}),
-    "approved": frozenset({"running", "executed", "failed", "recorded", "superseded"}),
+    PENDING: frozenset({RUNNING, EXECUTED, FAILED, RECORDED, SUPERSEDED}),
+    APPROVED: frozenset({RUNNING, EXECUTED, FAILED, RECORDED, SUPERSEDED}),
     # A run a crash interrupted is run again (the playbooks are idempotent).
-    "running": frozenset({"running", "executed", "failed"}),
-    "executed": frozenset(),
-    "failed": frozenset(),
-    "rejected": frozenset(),
-    "superseded": frozenset(),
+    RUNNING: frozenset({RUNNING, EXECUTED, FAILED}),
+    EXECUTED: frozenset(),
+    FAILED: frozenset(),
+    REJECTED: frozenset(),
+    EXPIRED: frozenset(),
+    SUPERSEDED: frozenset(),
 }
 STATES = frozenset(TRANSITIONS)
 # The states each state may be reached from.
@@ -61,9 +77,16 @@ PREVIOUS: dict[str, frozenset[str]] = {
     new: frozenset(old for old, nexts in TRANSITIONS.items() if new in nexts) for new in STATES
 }
 # Not yet carried out: what later evidence may still supersede.
-OPEN = frozenset({"recorded", "awaiting_approval", "pending", "approved"})
+OPEN = frozenset({RECORDED, AWAITING_APPROVAL, PENDING, APPROVED})
 # Carried out, or being carried out.
-CARRIED_OUT = frozenset({"running", "executed", "failed"})
+CARRIED_OUT = frozenset({RUNNING, EXECUTED, FAILED})
+# Waiting for the executor or a human, or being carried out: not decided yet.
+WAITING = frozenset({PENDING, AWAITING_APPROVAL, APPROVED, RUNNING})
+# Work the executor picks up: enforce decisions, approved ones, runs a crash interrupted.
+EXECUTABLE = (PENDING, APPROVED, RUNNING)
+# Decided into these, a decision gets its check-mode dry run at once: monitor's record, and what
+# the approver reads before approving.
+DRY_RUN_FIRST = frozenset({RECORDED, AWAITING_APPROVAL})
 
 
 class IllegalTransition(ValueError):

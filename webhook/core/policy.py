@@ -6,29 +6,48 @@ One YAML file, validated with errors that name the bad key. Defaults are DESIGN.
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from webhook.core import durations
+from webhook.core.validation import describe
 
 Mode = Literal["monitor", "approve", "enforce"]
 Action = Literal["drain", "requeue", "stop", "escalate", "resume", "none"]
-_DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# The cause vocabulary (DESIGN.md); the signals point to the hardware ones (signals.py).
+Cause = Literal[
+    "gpu_hardware",
+    "node_failure",
+    "network",
+    "shared_infrastructure",
+    "application",
+    "hang",
+    "straggler",
+    "unknown",
+]
+MODES: tuple[str, ...] = get_args(Mode)
+ACTIONS: tuple[str, ...] = get_args(Action)
+CAUSES: tuple[str, ...] = get_args(Cause)
 
 
 def _duration(value: Any) -> timedelta:
+    """A Prometheus duration (`90s`, `1h30m`), or a number of seconds."""
     if isinstance(value, timedelta):
         return value
     if isinstance(value, int | float) and not isinstance(value, bool):
         if value < 0:
             raise ValueError(f"{value!r} is negative")
         return timedelta(seconds=value)
-    match = _DURATION.match(str(value))
-    if not match:
-        raise ValueError(f"{value!r} is not a duration like 90s, 5m, 1h, 2d")
-    return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+    return durations.parse(str(value))
 
 
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
@@ -71,9 +90,20 @@ class Verify(_Strict):
     max_failures_before_checkpoint: int = Field(default=2, ge=1)
 
 
+class PartitionModes(_Strict):
+    """A partition's own modes (staged enablement: a canary partition in enforce while the
+    rest stay in monitor or approve). Unset keys fall back to the policy's."""
+
+    mode: Mode | None = None
+    actions: dict[Action, Mode] = {}
+
+
 class Policy(_Strict):
     mode: Mode = "monitor"
     actions: dict[Action, Mode] = {}
+    # Per partition, by name: its jobs' decisions (and drains of idle nodes that serve it
+    # alone) take these modes first.
+    partitions: dict[str, PartitionModes] = {}
     scope: Scope = Scope()
     settle_seconds: float = Field(default=20, ge=0)
     # The longest an incident that can only say "stalled" (a hang signal, NCCL timeouts, no node
@@ -85,23 +115,58 @@ class Policy(_Strict):
     breaker: Breaker = Breaker()
     shared_cause: SharedCause = SharedCause()
     verify: Verify = Verify()
+    # A decision waiting for approval longer than this expires (state `expired`): it was made on
+    # a view of the cluster that has moved on, and a human approving it hours later would act on
+    # that old view. The job's next failure is decided anew.
+    approval_expires: Duration = timedelta(hours=4)
+    # How long the engine remembers what it decided (incidents, their evidence, the alerts seen,
+    # the guards' history) once nothing can change it. Unset: the longest window a decision
+    # looks back over (`windows`); never shorter than one.
+    retention: Duration | None = None
 
-    def mode_of(self, action: str) -> Mode:
+    def windows(self) -> dict[str, timedelta]:
+        """The windows decisions look back over, by key: what the engine must remember."""
+        return {
+            "settle_seconds": timedelta(seconds=self.settle_seconds),
+            "hang_wait": self.hang_wait,
+            "shared_cause.window": self.shared_cause.window,
+            "retry_budget.window": self.retry_budget.window,
+            "breaker.window": self.breaker.window,
+        }
+
+    @property
+    def retention_age(self) -> timedelta:
+        return self.retention or max(self.windows().values())
+
+    @model_validator(mode="after")
+    def _retention_covers_the_windows(self) -> Policy:
+        if self.retention is not None:
+            key, window = max(self.windows().items(), key=lambda kv: kv[1])
+            if self.retention < window:
+                raise ValueError(
+                    f"retention: {_seconds(self.retention)} is shorter than {key} "
+                    f"({_seconds(window)}): what a decision still looks back at would be forgotten"
+                )
+        return self
+
+    def mode_of(self, action: str, partition: str | None = None) -> Mode:
+        """The most specific mode: the partition's for the action, the partition's, the
+        policy's for the action, the policy's."""
+        own = self.partitions.get(partition) if partition else None
+        if own is not None:
+            if action in own.actions:
+                return own.actions[action]
+            if own.mode is not None:
+                return own.mode
         return self.actions.get(action, self.mode)  # type: ignore[call-overload, no-any-return]
+
+
+def _seconds(d: timedelta) -> str:
+    return f"{int(d.total_seconds())}s"
 
 
 class PolicyError(ValueError):
     """A policy that does not validate; the message names the key and why."""
-
-
-def describe(err: ValidationError, prefix: str = "") -> str:
-    """`key.sub: reason` for the first error of a pydantic validation."""
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        msg = "unknown key"
-    return f"{prefix}{loc}: {msg}" if loc else f"{prefix}{msg}"
 
 
 def load_policy(data: dict[str, Any] | None, prefix: str = "") -> Policy:

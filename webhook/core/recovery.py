@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from webhook.core.cluster import ACTIVE_STATES, ENDED_STATES, Job
+from webhook.core.cluster import Job
 from webhook.core.decisions import Decision, GuardState, with_mode
 from webhook.core.incidents import IncidentKey
 from webhook.core.policy import Policy, Verify
@@ -159,11 +159,11 @@ def judge(
     if "CANCELLED" in (job.state, job.base) and job.restarts == successor:
         # scancel: a person's (or slurmedic's own stop's) decision, not the job failing.
         return Verdict("unverified", f"attempt {successor} was cancelled")
-    if job.state in ENDED_STATES and job.restarts == successor:
+    if job.interrupted and job.restarts == successor:
         return Verdict(
             "failed", f"attempt {successor} ended {job.state}{note}", None, early, charged=True
         )
-    running = job.restarts == successor and job.state in ACTIVE_STATES and job.started
+    running = job.restarts == successor and job.active and job.started
     if not running:
         # Waiting in the queue is not the job's failure: the deadline starts when it runs.
         if (now - watch.requeued_at) > verify.pending_limit:
@@ -217,7 +217,7 @@ def on_failure(
     ]
     since = now - policy.retry_budget.window
     repeated = guards.failed_recoveries(watch.job, since, before_checkpoint=True)
-    alive = job is not None and job.state not in ENDED_STATES
+    alive = job is not None and not job.interrupted
     limit = policy.verify.max_failures_before_checkpoint
     stalls = verdict.charged and verdict.before_checkpoint
     if stalls and repeated + 1 >= limit and alive and job is not None:
@@ -237,4 +237,5 @@ def on_failure(
                 guard="no_progress",
             )
         )
-    return [with_mode(d, policy) for d in decisions]
+    partition = job.partition or None if job is not None else None
+    return [with_mode(d, policy, partition, forced=guards.monitor_forced) for d in decisions]

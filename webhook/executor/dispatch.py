@@ -2,7 +2,9 @@
 
 monitor  -> a check-mode run; its commands are recorded as the dry-run output, the state stays
             `recorded` and Slurm is never touched.
-approve  -> nothing until a human approves (`slurmedic approve ID`), then as enforce.
+approve  -> the same check-mode run as soon as it is decided, kept as a note (the approver reads
+            the exact commands; a note never races the human's approval), then nothing until
+            a human approves (`slurmedic approve ID`, the console), then as enforce.
 enforce  -> running -> executed | failed, with the run's commands and output.
 
 Within an incident the drain runs before the requeue (the successor must not land on a node
@@ -13,6 +15,7 @@ work done (a drained node, a job whose restart count moved on) and changes nothi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections import defaultdict
@@ -25,16 +28,28 @@ from typing import Any
 from pydantic import ValidationError
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
+from webhook.core.decisions import JOB_ACTIONS
 from webhook.core.incidents import attempt_of
-from webhook.core.lifecycle import IllegalTransition
+from webhook.core.lifecycle import (
+    APPROVED,
+    AWAITING_APPROVAL,
+    EXECUTABLE,
+    EXECUTED,
+    FAILED,
+    PENDING,
+    RECORDED,
+    RUNNING,
+    WAITING,
+    IllegalTransition,
+)
 from webhook.executor.diagnostics import keep
-from webhook.executor.runner import INVENTORY, RunResult, run_playbook
+from webhook.executor.runner import INVENTORY, CannotRun, RunResult, run_playbook
+from webhook.ledger.leases import LostLease
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
 
 log = logging.getLogger("slurmedic.executor")
 ORDER = {"drain": 0, "resume": 0, "requeue": 1, "stop": 1}
-WAITING = {"pending", "awaiting_approval", "approved", "running"}
 # Slurm answers that mean "try again in a moment", not "no".
 TRANSIENT = re.compile(
     r"Socket timed out|Unable to contact slurm controller|Zero Bytes were "
@@ -85,6 +100,8 @@ class Dispatcher:
         # Diagnostics have their own workers: a slow node must not hold up other incidents.
         self.diagnostics = ThreadPoolExecutor(max_workers=2, thread_name_prefix="diagnostics")
         self.busy: dict[str, Future[None]] = {}
+        self.abandoned = False  # its term ended: the run in hand finishes, no other starts
+        self.unfit: str | None = None  # why this host could not run a playbook (CannotRun)
 
     def dispatch(self, rows: list[DecisionRow]) -> None:
         """Hand decisions to the pool, one task per incident (in order within it)."""
@@ -97,14 +114,35 @@ class Dispatcher:
             group.sort(key=lambda r: (ORDER.get(r.action, 2), r.id))
             self.busy[incident] = self.pool.submit(self._run_incident, group)
 
+    def in_flight(self) -> bool:
+        """A run of this dispatcher has started and not finished."""
+        return any(not f.done() for f in self.busy.values())
+
     def pending(self) -> list[DecisionRow]:
         """Work waiting: enforce decisions, approved ones, and runs a crash interrupted."""
-        return self.ledger.in_state("pending", "approved", "running")
+        return self.ledger.in_state(*EXECUTABLE)
 
     def _run_incident(self, rows: list[DecisionRow]) -> None:
         for row in rows:
+            if self.abandoned:
+                log.warning("incident %s left to the leader: this term has ended", row.incident)
+                return
             try:
                 ok = self._run_one(row)
+            except LostLease as e:
+                # Another replica leads now: it carries out the rest of this incident.
+                log.warning("incident %s left to the leader: %s", row.incident, e)
+                return
+            except CannotRun as e:
+                # This host cannot run playbooks (its disk full): the claim stays `running`,
+                # run again by a leader that can, as after a crash. The replica steps down.
+                log.error("decision %s cannot run on this host: %s", row.id, e)
+                self.unfit = str(e)
+                self.abandoned = True
+                with contextlib.suppress(Exception):
+                    note = {"by": "executor", "error": f"this host cannot run it: {e}"}
+                    self.ledger.add_note(row.id, note, self.clock())
+                return
             except Exception:
                 log.exception("decision %s failed to run", row.id)
                 ok = False
@@ -115,7 +153,7 @@ class Dispatcher:
                 for later in rows[rows.index(row) + 1 :]:
                     self._move(
                         later,
-                        "failed",
+                        FAILED,
                         {"by": "executor", "error": f"drain (decision {row.id}) failed first"},
                     )
                 break
@@ -133,7 +171,7 @@ class Dispatcher:
         assert self.artifacts is not None
         try:
             found = self.ledger.decision(row.id)
-            if found is None or found[0].state not in ("recorded", "executed"):
+            if found is None or found[0].state not in (RECORDED, EXECUTED):
                 return
             if any("diagnostics" in e.detail for e in found[1]):
                 return  # a restart picked the incident up again: already collected
@@ -154,12 +192,12 @@ class Dispatcher:
     def _drains_first(self, row: DecisionRow) -> str | None:
         """For a requeue or stop: None to go ahead, "wait" while the incident's drain is still
         undecided or running, or why it must fail (the drain failed)."""
-        if row.action not in ("requeue", "stop"):
+        if row.action not in JOB_ACTIONS:
             return None
         drains = [r for r in self.ledger.incident_decisions(row.incident) if r.action == "drain"]
         if any(d.state in WAITING for d in drains):
             return "wait"
-        failed = [d.id for d in drains if d.state == "failed"]
+        failed = [d.id for d in drains if d.state == FAILED]
         return f"drain (decision {failed[0]}) failed first" if failed else None
 
     def _move(self, row: DecisionRow, state: str, detail: dict[str, Any]) -> bool:
@@ -175,44 +213,71 @@ class Dispatcher:
     def _run_one(self, row: DecisionRow) -> bool:
         target = playbook_for(row)
         monitor = row.mode == "monitor" or self.force_monitor()
+        if row.state == AWAITING_APPROVAL and not monitor:
+            if target is not None:
+                self._preview(row, *target)
+            return True  # a preview never fails the incident's other decisions
         if not monitor:
             blocked = self._drains_first(row)
             if blocked == "wait":
                 return True  # picked up again once the drain is decided and done
             if blocked is not None:
-                self._move(row, "failed", {"by": "executor", "error": blocked})
+                self._move(row, FAILED, {"by": "executor", "error": blocked})
                 return False
         if target is None:  # escalate / none: nothing to run
             # `none` is recorded whatever the mode: there is nothing to carry out.
-            done = row.action != "none" and not monitor and row.mode == "enforce"
+            # An escalation is carried out by telling people (the notifier), in approve mode
+            # as in enforce mode.
+            done = row.action != "none" and not monitor
             self._move(
                 row,
-                "executed" if done else "recorded",
+                EXECUTED if done else RECORDED,
                 {"by": "executor", "note": "no scheduler action"},
             )
             return True
         name, evars = target
         evars = {**evars, "slurmedic_slurm_env": self.slurm_env}
-        if not monitor and not self._move(row, "running", {"by": "executor", "playbook": name}):
+        if not monitor and not self._move(row, RUNNING, self._claim(row, name)):
             return True  # superseded before it ran: nothing to do, nothing failed
-        if monitor and self._current(row) not in ("recorded", "pending", "approved"):
+        if monitor and self._current(row) not in (RECORDED, PENDING, APPROVED):
             return True  # superseded (or moved on) before its dry run
         try:
             result = self._run(name, evars, check=monitor)
         except ValidationError as e:
-            self._move(row, "failed", {"by": "executor", "error": str(e)[:500]})
+            self._move(row, FAILED, {"by": "executor", "error": str(e)[:500]})
             return False
         if monitor:
-            state = "recorded"
+            state = RECORDED
             note = {"by": "executor", "dry_run": result.summary()}
             if self.force_monitor() and row.mode != "monitor":
                 note["note"] = "global switch to monitor: dry run only"
         else:
-            state = "executed" if result.ok else "failed"
+            state = EXECUTED if result.ok else FAILED
             note = {"by": "executor", "run": result.summary()}
         self._move(row, state, note)
         log.info("decision %s %s %s: %s", row.id, row.action, state, "; ".join(result.commands))
         return result.ok
+
+    def _claim(self, row: DecisionRow, name: str) -> dict[str, Any]:
+        """What a claim for a run records: which attempt it is, by which leader's term (a run
+        an earlier term left `running` is run again, and the ledger says so)."""
+        found = self.ledger.decision(row.id)
+        attempt = 1 + sum(e.state == RUNNING for e in found[1]) if found else 1
+        claim: dict[str, Any] = {"by": "executor", "playbook": name, "attempt": attempt}
+        if (term := self.ledger.term) is not None:
+            claim |= {"replica": term.holder, "term": term.token}
+        return claim
+
+    def _preview(self, row: DecisionRow, name: str, evars: dict[str, Any]) -> None:
+        """The dry run of a decision waiting for approval, kept as a note: what the approver
+        reads before saying yes."""
+        evars = {**evars, "slurmedic_slurm_env": self.slurm_env}
+        try:
+            note: dict[str, Any] = {"dry_run": self._run(name, evars, check=True).summary()}
+        except ValidationError as e:
+            note = {"error": str(e)[:500]}
+        self.ledger.add_note(row.id, {"by": "executor", **note}, self.clock())
+        log.info("decision %s %s awaits approval: dry run recorded", row.id, row.action)
 
     def _current(self, row: DecisionRow) -> str:
         found = self.ledger.decision(row.id)
@@ -225,6 +290,9 @@ class Dispatcher:
         attempts: list[str] = []
 
         def attempt() -> RunResult:
+            term = self.ledger.term
+            if attempts and term is not None and not self.ledger.leases.is_current(term):
+                raise LostLease("no retry: this term has ended")
             r = run_playbook(
                 name, evars, check=check, inventory=self.inventory, timeout=self.timeout
             )
@@ -247,3 +315,10 @@ class Dispatcher:
     def close(self) -> None:
         self.pool.shutdown(wait=True)
         self.diagnostics.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        """The leader's term ended: what has not started never will (the next leader picks it
+        up from the ledger); a playbook already running finishes and records its result."""
+        self.abandoned = True
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.diagnostics.shutdown(wait=False, cancel_futures=True)

@@ -9,31 +9,39 @@ a playbook; playbooks hand them to Slurm as argv, never through a shell.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import ansible_runner
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-REPO = Path(__file__).resolve().parents[2]
-PLAYBOOKS = REPO / "playbooks"
-INVENTORY = REPO / "inventory" / "hosts.yml"
+from webhook import resources
+from webhook.core.patterns import DRAIN_REASON, INCIDENT, NODE_NAME
 
-NodeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+PLAYBOOKS = resources.PLAYBOOKS
+INVENTORY = resources.INVENTORY
+
+SET_STATS = ("ansible.builtin.set_stats", "set_stats")
+
+NodeName = Annotated[str, StringConstraints(pattern=NODE_NAME.pattern)]
 
 
 class _Vars(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Python's re, as the playbooks' checks: the patterns are theirs (\Z-anchored).
+    model_config = ConfigDict(extra="forbid", frozen=True, regex_engine="python-re")
     slurmedic_slurm_env: dict[str, str] = {}
 
 
 class DrainVars(_Vars):
     slurmedic_nodes: list[NodeName] = Field(min_length=1)
-    slurmedic_reason: str = Field(pattern=r"^slurmedic: [A-Za-z0-9:._ -]{1,120}$")
+    slurmedic_reason: str = Field(pattern=DRAIN_REASON.pattern)
 
 
 class ResumeVars(_Vars):
@@ -53,7 +61,7 @@ class StopVars(_Vars):
 
 class DiagnosticsVars(_Vars):
     slurmedic_nodes: list[NodeName] = Field(min_length=1)
-    slurmedic_incident: str = Field(pattern=r"^[A-Za-z0-9:._#-]{1,64}$")
+    slurmedic_incident: str = Field(pattern=INCIDENT.pattern)
     slurmedic_tail_lines: int = Field(default=200, ge=1, le=10000)
 
 
@@ -79,6 +87,12 @@ class RunResult:
     diagnostics: dict[str, dict[str, Any]] = field(default_factory=dict)
     unreachable: list[str] = field(default_factory=list)
     attempts: list[str] = field(default_factory=list)  # one per try, when retried
+    # requeue_job: where a successor Slurm had already started by itself runs (checked clear of
+    # the implicated nodes), when there was nothing left to requeue
+    successor_nodes: list[str] = field(default_factory=list)
+    # Slurm's state as the playbook read it (nodes' states; the job's state, restarts and
+    # exclusion): what its commands change, before -> after (webhook/core/changes.py)
+    before: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -94,7 +108,65 @@ class RunResult:
             "changed": self.changed,
             "output": self.output[-4000:],  # the tail is what explains a failure
             **({"attempts": self.attempts} if len(self.attempts) > 1 else {}),
+            **({"successor_nodes": self.successor_nodes} if self.successor_nodes else {}),
+            **({"before": self.before} if self.before else {}),
         }
+
+
+def reported(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """What the playbook reported with `set_stats` (per_host: false): ansible-runner's callback
+    puts it in the playbook_on_stats event's artifact_data. The playbooks report their results
+    this way so that nothing here depends on what their tasks are called."""
+    events = list(events)
+    for ev in events:
+        if ev.get("event") == "playbook_on_stats":
+            data = ev.get("event_data", {}).get("artifact_data")
+            return data if isinstance(data, dict) else {}
+    # A run cut short (its timeout) ends before the stats: then what its set_stats tasks had
+    # reported so far, merged as Ansible merges them (the playbooks aggregate only mappings).
+    found: dict[str, Any] = {}
+    for ev in events:
+        data = ev.get("event_data", {})
+        if ev.get("event") != "runner_on_ok" or data.get("task_action") not in SET_STATS:
+            continue
+        stats = data.get("res", {}).get("ansible_stats", {})
+        for key, value in (stats.get("data") or {}).items():
+            before = found.get(key)
+            merge = stats.get("aggregate", True) and isinstance(value, dict)
+            found[key] = {**before, **value} if merge and isinstance(before, dict) else value
+    return found
+
+
+class _Unsafe(str):
+    """A string Ansible must never template (YAML `!unsafe`)."""
+
+
+class _UnsafeDumper(yaml.SafeDumper):
+    """Double-quoted scalars: escapes (`\\n`) say exactly what a string holds, where the
+    folding of a quoted multi-line scalar differs between YAML parsers (libyaml, Ansible's,
+    gave "2461" for "2461\\n" written single-quoted)."""
+
+
+_UnsafeDumper.add_representer(
+    _Unsafe, lambda dumper, value: dumper.represent_scalar("!unsafe", str(value), style='"')
+)
+
+
+def untrusted(value: Any) -> Any:
+    """`value` with every string (mapping keys aside) an _Unsafe."""
+    if isinstance(value, str):
+        return _Unsafe(value)
+    if isinstance(value, dict):
+        return {k: untrusted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [untrusted(v) for v in value]
+    return value
+
+
+class CannotRun(Exception):
+    """This host could not prepare or record a playbook run (its disk full, its temp dir not
+    writable). What the playbook did, if it started, is unknown: as after a crash, the run is
+    left `running` for a leader that can run it again (the playbooks are idempotent)."""
 
 
 def run_playbook(
@@ -104,19 +176,41 @@ def run_playbook(
     check: bool,
     inventory: Path = INVENTORY,
     timeout: int = 120,
+    playbooks: Path | None = None,
 ) -> RunResult:
     """Validate `extravars` for playbook `name`, run it (in check mode if asked), report."""
     model = PLAYBOOK_VARS[name]
     evars = model.model_validate(extravars).model_dump()
+    try:
+        return _run(
+            name, evars, check=check, inventory=inventory, timeout=timeout, playbooks=playbooks
+        )
+    except OSError as e:
+        raise CannotRun(f"{name}: {e.strerror or e} ({tempfile.gettempdir()})") from e
+
+
+def _run(
+    name: str,
+    evars: dict[str, Any],
+    *,
+    check: bool,
+    inventory: Path,
+    timeout: int,
+    playbooks: Path | None,
+) -> RunResult:
     workdir = Path(tempfile.mkdtemp(prefix="slurmedic-run-"))
     bin_dir = str(Path(sys.executable).parent)  # ansible-runner needs ansible-playbook on PATH
     try:
+        # Every string tagged !unsafe: a value is data to the playbook, never a template (in
+        # ansible-core, a plain extra var is templated wherever it is used, its checks too).
+        vars_file = workdir / "slurmedic-vars.yml"
+        vars_file.write_text(yaml.dump(untrusted(evars), Dumper=_UnsafeDumper))
+        vars_file.chmod(0o600)
         r = ansible_runner.run(
             private_data_dir=str(workdir),
-            playbook=str(PLAYBOOKS / f"{name}.yml"),
+            playbook=str((playbooks or PLAYBOOKS) / f"{name}.yml"),
             inventory=str(inventory),
-            extravars=evars,
-            cmdline="--check" if check else None,
+            cmdline=shlex.join([*(["--check"] if check else []), "--extra-vars", f"@{vars_file}"]),
             envvars={
                 "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
                 "ANSIBLE_NOCOLOR": "1",
@@ -126,20 +220,23 @@ def run_playbook(
             timeout=timeout,
         )
         result = RunResult(name, check, str(r.status), int(r.rc or 0))
-        for ev in r.events:
+        events = list(r.events)
+        for ev in events:
             data = ev.get("event_data", {})
             host = str(data.get("host"))
             if ev.get("event") == "runner_on_unreachable" and host not in result.unreachable:
                 result.unreachable.append(host)
-            if ev.get("event") != "runner_on_ok":
-                continue
-            res = data.get("res", {})
-            if data.get("task") == "Commands":
-                result.commands = [str(c) for c in res.get("slurmedic_commands", [])]
-            if data.get("task") == "Diagnostics":
-                result.diagnostics[str(data.get("host"))] = res.get("slurmedic_diagnostics", {})
-            if res.get("changed"):
+            if ev.get("event") == "runner_on_ok" and data.get("res", {}).get("changed"):
                 result.changed.append(str(data.get("task")))
+        stats = reported(events)
+        result.commands = [str(c) for c in stats.get("slurmedic_commands", [])]
+        result.successor_nodes = [str(n) for n in stats.get("slurmedic_successor_nodes", [])]
+        before = stats.get("slurmedic_before", {})
+        result.before = (
+            {str(k): str(v) for k, v in before.items()} if isinstance(before, dict) else {}
+        )
+        diagnostics = stats.get("slurmedic_diagnostics", {})
+        result.diagnostics = {str(h): d for h, d in diagnostics.items() if isinstance(d, dict)}
         result.output = r.stdout.read() if r.stdout else ""
         return result
     finally:

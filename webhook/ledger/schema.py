@@ -16,8 +16,14 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from webhook.core.incidents import RESUME, VERIFY
+
+ONCE = f"state <> 'superseded' AND incident NOT LIKE '{VERIFY}%' AND incident NOT LIKE '{RESUME}%'"
 
 
 class Base(DeclarativeBase):
@@ -65,7 +71,22 @@ class IncidentRow(Base):
 
 class DecisionRow(Base):
     __tablename__ = "decisions"
-    __table_args__ = (Index("ix_decision_incident", "incident"),)
+    __table_args__ = (
+        Index("ix_decision_incident", "incident"),
+        # One decision per incident, action and revision of the engine's incidents: a second
+        # loop (a stale leader) that decides one again is refused by the database, not only
+        # by the lease. The verifier's and a human's resumes may repeat a key (a node resumed
+        # twice); the lease fences those.
+        Index(
+            "uq_decision_once",
+            "incident",
+            "action",
+            "revision",
+            unique=True,
+            sqlite_where=text(ONCE),
+            postgresql_where=text(ONCE),
+        ),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     incident: Mapped[str] = mapped_column(String(64))
@@ -81,6 +102,14 @@ class DecisionRow(Base):
     guard: Mapped[str | None] = mapped_column(String(48), nullable=True)
     mode: Mapped[str] = mapped_column(String(16))
     state: Mapped[str] = mapped_column(String(24))
+    # The partition whose modes it took (None: the policy's own; decisions before 0002).
+    partition: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # What it would disrupt (webhook/core/disruption.py); None: decided before 0003.
+    gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpu_hours: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The engine's revision of its incident (0: the first decisions); before 0004, the order
+    # of copies a second loop made.
+    revision: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class DecisionEvent(Base):
@@ -94,8 +123,21 @@ class DecisionEvent(Base):
     detail: Mapped[dict[str, Any]]
 
 
-class Setting(Base):
-    """Switches a human flips while the service runs: the global monitor switch, the breaker."""
+class VerdictRow(Base):
+    """An operator's verdict on a decision (webhook/core/verdicts.py), appended, never edited."""
+
+    __tablename__ = "verdicts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    decision_id: Mapped[int] = mapped_column(ForeignKey("decisions.id"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    by: Mapped[str] = mapped_column(String(64))
+    verdict: Mapped[str] = mapped_column(String(16))
+    would: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    note: Mapped[str] = mapped_column(Text, default="")
+
+
+class SettingRow(Base):
+    """What the processes tell each other (webhook/ledger/settings.py: one model a key)."""
 
     __tablename__ = "settings"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -121,3 +163,27 @@ class RecoveryRow(Base):
     decided_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     restored_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     before_checkpoint: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class LeaseRow(Base):
+    """Who leads (decides and executes) among the replicas on this ledger, until when, and the
+    fencing token of its term: every claim of a decision names the token, and a term that
+    ended can claim nothing (webhook/service/leadership.py)."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(128))
+    token: Mapped[int] = mapped_column(Integer)
+    # Seconds since the epoch on the database's clock: replicas' clocks may differ.
+    expires_at: Mapped[float] = mapped_column(Float)
+    acquired_at: Mapped[float] = mapped_column(Float)
+
+
+class ReplicaRow(Base):
+    """Each replica's last signs of life (database clock): its loop, its web workers."""
+
+    __tablename__ = "replicas"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    loop_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    web_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    leading: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())

@@ -1,40 +1,81 @@
-"""The ledger's operations; the only module that speaks SQL."""
+"""The ledger's operations: every query slurmedic makes (the schema's upgrades: migrate.py)."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import fcntl
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event, func, inspect, select, update
+from pydantic import ValidationError
+from sqlalchemy import Engine, create_engine, event, func, make_url, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import CursorResult
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from webhook.core.alerts import Alert, Payload
 from webhook.core.decisions import BLAMELESS, SCHEDULER_ACTIONS, Decision, PastAction
 from webhook.core.engine import Incident, evidence_key, until_job_ends
-from webhook.core.incidents import BadIncidentKey, IncidentKey
-from webhook.core.lifecycle import CARRIED_OUT, NOTE, OPEN, PREVIOUS, IllegalTransition, check
+from webhook.core.incidents import VERIFY, BadIncidentKey, IncidentKey
+from webhook.core.lifecycle import (
+    AWAITING_APPROVAL,
+    CARRIED_OUT,
+    EXECUTED,
+    FAILED,
+    NOTE,
+    OPEN,
+    PREVIOUS,
+    RUNNING,
+    SUPERSEDED,
+    IllegalTransition,
+    check,
+)
 from webhook.core.recovery import FailurePoint, Verdict, Watch
+from webhook.core.validation import describe
+from webhook.ledger import migrate
+from webhook.ledger.figures import (
+    DecisionCount,
+    Figures,
+    Outcomes,
+    Recovery,
+    Timing,
+    VerdictCount,
+)
+from webhook.ledger.leases import Leases, LostLease, Term, check_term, current
 from webhook.ledger.schema import (
     AlertRow,
-    Base,
     DecisionEvent,
     DecisionRow,
     IncidentRow,
     Notification,
     RecoveryRow,
-    Setting,
+    SettingRow,
+    VerdictRow,
 )
+from webhook.ledger.settings import CorruptSetting, S, Setting
 
 
 def _utc(dt: datetime) -> datetime:
     """SQLite hands datetimes back naive; the ledger stores UTC only."""
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+class Unavailable(RuntimeError):
+    """The ledger cannot be reached or written; the message is the database's first line."""
+
+
+class LoopRefused(RuntimeError):
+    """A second loop on a SQLite ledger: one file takes one (replicas need PostgreSQL)."""
+
+
+class Refused(ValueError):
+    """The database refused a value (the sender's fault); the message says which."""
 
 
 @dataclass(frozen=True)
@@ -44,35 +85,104 @@ class Stored:
     duplicates: int
 
 
+# libpq's defaults wait on a server cut off by the network for as long as TCP retransmits
+# (about 15 minutes): a leader would sit in a renewal it cannot make, webhooks in a write.
+# These bound it to seconds (a URL's own query parameters win).
+POSTGRES_TIMEOUTS = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 3,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15000,  # ms: unacknowledged data fails the connection
+}
+
+
+def _connect_args(url: str) -> dict[str, Any]:
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return {}
+    return {k: v for k, v in POSTGRES_TIMEOUTS.items() if k not in parsed.query}
+
+
 class Ledger:
-    def __init__(self, url: str) -> None:
+    """`create`: a new SQLite ledger is made when its file does not exist (the service); without
+    it (every command that reads or amends one) a missing file is Unavailable, naming it. No
+    directory is ever made: a mistyped path is an error, not a new tree."""
+
+    def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
-        self.engine: Engine = create_engine(url, pool_pre_ping=True)
+        try:
+            self.engine: Engine = create_engine(
+                url, pool_pre_ping=True, connect_args=_connect_args(url)
+            )
+        except (SQLAlchemyError, ValueError) as e:
+            raise Unavailable(f"database_url: {str(e).splitlines()[0]}") from e
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
             if self.engine.url.database not in (None, "", ":memory:"):
-                Path(self.engine.url.database).parent.mkdir(parents=True, exist_ok=True)
-        Base.metadata.create_all(self.engine)
-        self._add_missing_columns()
+                path = Path(self.engine.url.database)
+                if not path.parent.is_dir():
+                    raise Unavailable(f"database_url: directory {path.parent} does not exist")
+                if not create and not path.exists():
+                    raise Unavailable(
+                        f"database_url: no ledger at {path} (is this the service's config?)"
+                    )
+                if not path.exists():
+                    # It holds every payload: readable by its owner only (SQLite gives its
+                    # -wal and -shm files the same mode). An empty file is an empty database.
+                    with contextlib.suppress(FileExistsError):
+                        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        # The schema is the migrations' (webhook/ledger/migrations), never create_all's: a
+        # ledger of any earlier release is upgraded here, once.
+        try:
+            migrate.upgrade(self.engine)
+        except OperationalError as e:
+            raise Unavailable(f"database_url: {str(e.orig or e).splitlines()[0]}") from e
         self.session = sessionmaker(self.engine, expire_on_commit=False)
+        self.leases = Leases(self.engine)
+        # The leader's term (a loop's ledger, `fenced`): while set, every decision recorded,
+        # every move of one and every recovery judged succeed only as long as the term is the
+        # lease's current one (LostLease). None: a human's command, the webhook.
+        self.term: Term | None = None
 
-    def _add_missing_columns(self) -> None:
-        """Columns added to existing tables since a ledger was created (create_all only makes
-        tables): added empty, nullable, so older ledgers keep working."""
-        found = inspect(self.engine)
-        with self.engine.begin() as conn:
-            for table in Base.metadata.sorted_tables:
-                have = {c["name"] for c in found.get_columns(table.name)}
-                for col in table.columns:
-                    if col.name not in have and col.nullable:
-                        kind = col.type.compile(dialect=self.engine.dialect)
-                        conn.exec_driver_sql(
-                            f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}'
-                        )
+    def _in_term(self, s: Session) -> None:
+        """LostLease unless this ledger's term (if it has one) is current, for `s`'s
+        transaction (webhook/ledger/leases.py, check_term)."""
+        if self.term is not None:
+            check_term(s.connection(), self.term)
 
-    def ping(self) -> None:
-        with self.engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
+    def fenced(self, term: Term) -> Ledger:
+        """This ledger (the same engine and sessions) writing only in `term`: what one term's
+        loop, executor and verifier write through, so that nothing a term started can write
+        once it has ended, even in a process that leads again in a later term."""
+        view = copy.copy(self)
+        view.term = term
+        return view
+
+    def lock_for_loop(self) -> None:
+        """On a SQLite file, hold it for this process's loop (LoopRefused while another holds
+        it); on PostgreSQL nothing: replicas share it, and the lease says who leads."""
+        database = self.engine.url.database
+        if self.engine.dialect.name != "sqlite" or database in (None, "", ":memory:"):
+            return
+        path = Path(str(database))
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            # flock, not SQLite's own (fcntl) locks: the two never meet on Linux.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LoopRefused(
+                f"another slurmedic loop runs on {path}: a SQLite ledger takes one "
+                "(several replicas need PostgreSQL: docs/operations.md, replicas)"
+            ) from None
+        self._loop_lock = fd
+
+    def unlock_loop(self) -> None:
+        if (fd := getattr(self, "_loop_lock", None)) is not None:
+            os.close(fd)
+            del self._loop_lock
 
     # ---- notifications ---------------------------------------------------------------------
     def store(
@@ -81,8 +191,19 @@ class Ledger:
         """Persist one notification and its alert events in one transaction (before the 2xx).
 
         Two statements whatever the payload's size: the notification, then every alert event
-        in one batch that skips the events already stored (re-deliveries).
+        in one batch that skips the events already stored (re-deliveries). Refused: the
+        database would not take a value of the payload; Unavailable: it could not be written.
         """
+        try:
+            return self._store(raw, payload, received_at, remote)
+        except DataError as e:
+            raise Refused(str(e.orig).splitlines()[0][:200]) from e
+        except SQLAlchemyError as e:
+            raise Unavailable(str(e).splitlines()[0]) from e
+
+    def _store(
+        self, raw: dict[str, Any], payload: Payload, received_at: datetime, remote: str
+    ) -> Stored:
         insert = (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert
         with self.engine.begin() as conn:
             note_id = conn.execute(
@@ -113,10 +234,18 @@ class Ledger:
             new = len(conn.execute(stmt, rows).all())
         return Stored(note_id, new, len(payload.alerts) - new)
 
-    def alerts_after(self, last_id: int, limit: int = 5000) -> list[tuple[int, datetime, Alert]]:
+    def alerts_after(
+        self, last_id: int, limit: int = 5000, *, skip: frozenset[int] = frozenset()
+    ) -> list[tuple[int, datetime, Alert]]:
+        """Alert events with ids above `last_id`, in id order, but those in `skip` (a reader's
+        trailing window: on PostgreSQL, concurrent writers commit ids out of order, so a row
+        can appear below ids already read)."""
         with self.session() as s:
             rows = s.scalars(
-                select(AlertRow).where(AlertRow.id > last_id).order_by(AlertRow.id).limit(limit)
+                select(AlertRow)
+                .where(AlertRow.id > last_id, AlertRow.id.not_in(sorted(skip)))
+                .order_by(AlertRow.id)
+                .limit(limit)
             ).all()
             return [(r.id, _utc(r.received_at), Alert.model_validate(r.alert)) for r in rows]
 
@@ -140,8 +269,23 @@ class Ledger:
         A revision (`Decision.revision` > 0) supersedes its incident's decisions that were not
         carried out yet; where a drain, requeue or stop was (it ran, or runs), the revision's
         same decision is not recorded again: the action happened, and later evidence does not
-        undo it."""
+        undo it.
+
+        A second decision of the same incident, action and revision is refused (LostLease: a
+        replica that still thought it led decided what the leader had)."""
+        try:
+            return self._record(decisions, incidents, detail)
+        except IntegrityError as e:
+            raise LostLease(f"already decided by another replica: {str(e.orig)[:200]}") from e
+
+    def _record(
+        self,
+        decisions: list[Decision],
+        incidents: Sequence[Incident],
+        detail: dict[str, Any] | None,
+    ) -> list[int]:
         with self.session.begin() as s:
+            self._in_term(s)
             revised = {d.incident for d in decisions if d.revision}
             done: set[tuple[object, ...]] = set()
             for k in revised:
@@ -178,17 +322,17 @@ class Ledger:
         )[:2000]
         rows = s.scalars(
             select(DecisionRow).where(
-                DecisionRow.incident == incident, DecisionRow.state != "superseded"
+                DecisionRow.incident == incident, DecisionRow.state != SUPERSEDED
             )
         ).all()
         done: set[tuple[object, ...]] = set()
         for row in rows:
-            if row.state in OPEN and _move(s, row.id, OPEN, "superseded"):
+            if row.state in OPEN and _move(s, row.id, OPEN, SUPERSEDED):
                 s.add(
                     DecisionEvent(
                         decision_id=row.id,
                         at=new[0].at,
-                        state="superseded",
+                        state=SUPERSEDED,
                         detail={**(detail or {"by": "engine"}), "superseded_by": why},
                     )
                 )
@@ -218,7 +362,10 @@ class Ledger:
         """Append a state change (the decision row keeps the latest state, for queries).
 
         The move must be one the lifecycle allows (IllegalTransition otherwise); the row is
-        locked for it, so two writers cannot both move a decision out of the same state."""
+        locked for it, so two writers cannot both move a decision out of the same state.
+        With a term (the leader's loop), every move is made only in that term, in the same
+        statement: a loop whose term has ended moves nothing (LostLease)."""
+        fence = self.term
         with self.session.begin() as s:
             row = s.get(DecisionRow, decision_id)
             if row is None:
@@ -227,8 +374,10 @@ class Ledger:
             # The move is made only from a state that allows it, in one statement: another
             # writer (the loop superseding, a human approving) may have moved it since it was
             # read, also on SQLite, where reads do not lock.
-            if not _move(s, decision_id, PREVIOUS[state], state):
+            if not _move(s, decision_id, PREVIOUS[state], state, fence):
                 s.rollback()
+                if fence is not None and not self.leases.is_current(fence):
+                    raise LostLease(f"decision {decision_id} not claimed: the term has ended")
                 current = self.decision(decision_id)
                 check(current[0].state if current else "", state)
                 raise IllegalTransition(f"decision {decision_id} moved on meanwhile")
@@ -243,14 +392,30 @@ class Ledger:
                 raise KeyError(decision_id)
             s.add(DecisionEvent(decision_id=decision_id, at=at, state=NOTE, detail=detail))
 
-    def setting(self, key: str) -> dict[str, Any] | None:
-        with self.session() as s:
-            row = s.get(Setting, key)
-            return dict(row.value) if row else None
+    # ---- settings (webhook/ledger/settings.py) ---------------------------------------------
+    def setting(self, kind: type[S]) -> S:
+        """The setting `kind` as last written, or its defaults when never written.
+        CorruptSetting, naming the key, when the stored value is not one."""
+        try:
+            with self.session() as s:
+                row = s.get(SettingRow, kind.key)
+                value = None if row is None else row.value
+        except ValueError:  # the JSON column does not hold JSON
+            raise CorruptSetting(f"ledger setting {kind.key!r}: not JSON; {kind.repair}") from None
+        if value is None:
+            return kind()
+        try:
+            return kind.model_validate(value)
+        except ValidationError as e:
+            raise CorruptSetting(
+                f"ledger setting {kind.key!r}: {describe(e)} (stored: {str(value)[:120]}); "
+                f"{kind.repair}"
+            ) from None
 
-    def set_setting(self, key: str, value: dict[str, Any], at: datetime) -> None:
+    def put(self, value: Setting, at: datetime) -> None:
+        """Write a setting (its model checked it when it was made)."""
         with self.session.begin() as s:
-            s.merge(Setting(key=key, value=value, updated_at=at))
+            s.merge(SettingRow(key=value.key, value=value.model_dump(mode="json"), updated_at=at))
 
     def rows(self, ids: Sequence[int]) -> list[DecisionRow]:
         with self.session() as s:
@@ -290,18 +455,55 @@ class Ledger:
     def restore_incidents(self, since: datetime) -> list[Incident]:
         """The engine's incidents as the ledger holds them, for a restart: decided when, from
         which evidence, with which decisions in force, and whether one was carried out.
-        Incidents decided before `since` come back closed (only their keys matter: a node's
-        next failure must get the next key)."""
+        Incidents decided before `since` come back closed, as keys and times alone (no
+        evidence, no decisions: a restart reads what the retention keeps, not the whole
+        history): a node's next failure must still get the next key, and the engine forgets
+        them by its own rules."""
         out = []
         with self.session() as s:
-            rows = {r.key: r for r in s.scalars(select(IncidentRow)).all()}
+            recent = IncidentRow.decided_at >= since
+            rows = {r.key: r for r in s.scalars(select(IncidentRow).where(recent)).all()}
+            older = s.execute(
+                select(IncidentRow.key, IncidentRow.opened_at, IncidentRow.decided_at).where(
+                    ~recent
+                )
+            ).all()
             standing: dict[str, list[DecisionRow]] = {}
             for d in s.scalars(
                 select(DecisionRow)
-                .where(DecisionRow.state != "superseded")
+                .where(
+                    DecisionRow.state != SUPERSEDED,
+                    DecisionRow.incident.in_(select(IncidentRow.key).where(recent))
+                    | (DecisionRow.at >= since),
+                )
                 .order_by(DecisionRow.id)
             ).all():
                 standing.setdefault(d.incident, []).append(d)
+            # The revision each incident reached (superseded ones count): a revision after the
+            # restart takes the next number, not one the ledger holds already.
+            revisions = dict(
+                s.execute(
+                    select(DecisionRow.incident, func.max(DecisionRow.revision))
+                    .where(DecisionRow.incident.in_(list(rows.keys() | standing.keys())))
+                    .group_by(DecisionRow.incident)
+                ).all()
+            )
+        for key, opened, decided in older:
+            if key in standing:
+                continue  # decided again since (a ledger without the incident's new time)
+            with contextlib.suppress(BadIncidentKey):
+                parsed = IncidentKey.parse(key)
+                out.append(
+                    Incident(
+                        key=str(parsed),
+                        job=parsed.job if parsed.kind == "attempt" else None,
+                        node=parsed.node,
+                        opened_at=_utc(opened),
+                        decided=True,
+                        decided_at=_utc(decided),
+                        closed=True,
+                    )
+                )
         for key in sorted(rows.keys() | standing.keys()):
             try:
                 parsed = IncidentKey.parse(key)
@@ -333,12 +535,13 @@ class Ledger:
                     decided=True,
                     decided_at=decided_at,
                     standing=standing_now,
+                    revision=int(revisions.get(key) or 0),
                     known=known,
                     closed=carried or not ours or decided_at < since,
                     until_job_ends=until_job_ends(standing_now, None),
                 )
             )
-        return out
+        return sorted(out, key=lambda inc: inc.key)
 
     # ---- recoveries ------------------------------------------------------------------------
     def unwatched_requeues(
@@ -355,7 +558,7 @@ class Ledger:
             rows = s.scalars(
                 select(DecisionRow).where(
                     DecisionRow.action == "requeue",
-                    DecisionRow.state == "executed",
+                    DecisionRow.state == EXECUTED,
                     DecisionRow.at >= since,
                     DecisionRow.incident.not_in(watched),
                 )
@@ -367,8 +570,8 @@ class Ledger:
                     .where(DecisionEvent.decision_id == r.id)
                     .order_by(DecisionEvent.id)
                 ).all()
-                began = next((at for st, at in events if st == "running"), r.at)
-                done = next((at for st, at in events if st == "executed"), r.at)
+                began = next((at for st, at in events if st == RUNNING), r.at)
+                done = next((at for st, at in events if st == EXECUTED), r.at)
                 # Ledgers from before the column have the fault in the evidence only.
                 fault = _utc(r.fault_at or fault_time(r.evidence) or r.at)
                 out.append((r, fault, _utc(began), _utc(done)))
@@ -376,6 +579,7 @@ class Ledger:
 
     def watch(self, w: Watch) -> None:
         with self.session.begin() as s:
+            self._in_term(s)
             s.merge(
                 RecoveryRow(
                     incident=w.incident,
@@ -412,11 +616,16 @@ class Ledger:
         at: datetime,
         decisions: Sequence[Decision] = (),
     ) -> list[int]:
-        """The verdict on a recovery and the decisions it leads to, in one transaction."""
+        """The verdict on a recovery and the decisions it leads to, in one transaction: in the
+        leader's current term, on a recovery still watched (one another replica judged first
+        stays as it judged it: LostLease)."""
         with self.session.begin() as s:
+            self._in_term(s)
             row = s.get(RecoveryRow, incident)
             if row is None:
                 raise KeyError(incident)
+            if row.state != "watching":
+                raise LostLease(f"the recovery of {incident} was judged already ({row.state})")
             row.state, row.reason, row.decided_at = verdict.state, verdict.reason, at
             row.restored_seconds = verdict.restored_seconds
             row.before_checkpoint = verdict.before_checkpoint
@@ -429,6 +638,91 @@ class Ledger:
                 q = q.where(RecoveryRow.state.in_(states))
             return list(s.scalars(q).all())
 
+    # ---- /metrics ----------------------------------------------------------------------------
+    def figures(self) -> Figures:
+        """Everything /metrics reports of the ledger but its settings, read in one session."""
+        d, e = DecisionRow, DecisionEvent
+        with self.session() as s:
+            counts = [
+                DecisionCount(action, cause, mode, state, n)
+                for action, cause, mode, state, n in s.execute(
+                    select(d.action, d.cause, d.mode, d.state, func.count()).group_by(
+                        d.action, d.cause, d.mode, d.state
+                    )
+                ).all()
+            ]
+            outcomes = [
+                Outcomes(action, state, n)
+                for action, state, n in s.execute(
+                    select(d.action, e.state, func.count())
+                    .join(d, d.id == e.decision_id)
+                    .where(e.state.in_((EXECUTED, FAILED)))
+                    .group_by(d.action, e.state)
+                ).all()
+            ]
+            executed_at = dict(
+                s.execute(
+                    select(e.decision_id, func.min(e.at))
+                    .where(e.state == EXECUTED)
+                    .group_by(e.decision_id)
+                ).all()
+            )
+            # The engine's decisions (the verifier's have no fault of their own), with the
+            # fault time kept on the row: no evidence JSON is read per scrape.
+            timings = [
+                Timing(
+                    action,
+                    _utc(fault),
+                    _utc(at),
+                    _utc(done) if (done := executed_at.get(i)) else None,
+                )
+                for i, action, at, fault in s.execute(
+                    select(d.id, d.action, d.at, d.fault_at)
+                    .where(d.fault_at.is_not(None))
+                    .where(d.incident.not_like(f"{VERIFY}%"))
+                ).all()
+                if fault is not None
+            ]
+            recoveries = [
+                Recovery(state, restored, lost)
+                for state, restored, lost in s.execute(
+                    select(
+                        RecoveryRow.state,
+                        RecoveryRow.restored_seconds,
+                        RecoveryRow.work_lost_seconds,
+                    )
+                ).all()
+            ]
+            waiting = [
+                _utc(at) for at in s.scalars(select(d.at).where(d.state == AWAITING_APPROVAL))
+            ]
+            latest = select(func.max(VerdictRow.id)).group_by(VerdictRow.decision_id)
+            verdicts = [
+                VerdictCount(action, verdict, n)
+                for action, verdict, n in s.execute(
+                    select(d.action, VerdictRow.verdict, func.count())
+                    .join(d, d.id == VerdictRow.decision_id)
+                    .where(VerdictRow.id.in_(latest))
+                    .group_by(d.action, VerdictRow.verdict)
+                ).all()
+            ]
+            escalations = (
+                s.scalar(
+                    select(func.count())
+                    .select_from(d)
+                    .where(d.action == "escalate", d.state != SUPERSEDED)
+                    .where(d.id.not_in(select(VerdictRow.decision_id)))
+                )
+                or 0
+            )
+        return Figures(counts, outcomes, timings, recoveries, waiting, verdicts, escalations)
+
+    def record_begins(self) -> datetime | None:
+        """When this ledger's record begins: its first notification (None while it has none)."""
+        with self.session() as s:
+            first = s.scalar(select(func.min(Notification.received_at)))
+        return _utc(first) if first is not None else None
+
     def history(self, since: datetime) -> Iterator[PastAction]:
         with self.session() as s:
             for rec in s.scalars(
@@ -439,9 +733,7 @@ class Ledger:
                 assert rec.decided_at is not None
                 yield PastAction(at=_utc(rec.decided_at), action="recovered", job=rec.job)
             for r in s.scalars(
-                select(DecisionRow).where(
-                    DecisionRow.at >= since, DecisionRow.state != "superseded"
-                )
+                select(DecisionRow).where(DecisionRow.at >= since, DecisionRow.state != SUPERSEDED)
             ):
                 if r.guard == "recovery_failed" and r.action == "escalate":
                     first = r.evidence[0] if r.evidence else {}
@@ -471,11 +763,17 @@ class Ledger:
                     )
 
 
-def _move(s: Session, decision_id: int, allowed: frozenset[str], state: str) -> bool:
-    """Set a decision's state if it is still in one of `allowed`; whether it was."""
+def _move(
+    s: Session, decision_id: int, allowed: frozenset[str], state: str, fence: Term | None = None
+) -> bool:
+    """Set a decision's state if it is still in one of `allowed` (and, with a fence, while
+    that term is current); whether it was."""
+    where = [DecisionRow.id == decision_id, DecisionRow.state.in_(sorted(allowed))]
+    if fence is not None:
+        where.append(current(s.connection(), fence))
     done = s.execute(
         update(DecisionRow)
-        .where(DecisionRow.id == decision_id, DecisionRow.state.in_(sorted(allowed)))
+        .where(*where)
         .values(state=state)
         .execution_options(synchronize_session=False)
     )
@@ -500,7 +798,19 @@ def _decision(r: DecisionRow) -> Decision:
         guard=r.guard,
         mode=r.mode,
         state=r.state,
+        partition=r.partition,
+        gpus=r.gpus or 0,
+        gpu_hours=r.gpu_hours,
+        revision=r.revision or 0,
     )
+
+
+def last_dry_run(events: Sequence[DecisionEvent]) -> list[str] | None:
+    """The commands of a decision's latest dry run (None: none recorded yet)."""
+    for e in reversed(events):
+        if isinstance(run := e.detail.get("dry_run"), dict):
+            return [str(c) for c in run.get("commands", [])]
+    return None
 
 
 def first_node(evidence: list[Any]) -> tuple[str, ...]:
@@ -534,6 +844,10 @@ def _insert_decisions(
             guard=d.guard,
             mode=d.mode,
             state=d.state,
+            partition=d.partition,
+            gpus=d.gpus,
+            gpu_hours=d.gpu_hours,
+            revision=d.revision,
         )
         s.add(row)
         s.flush()

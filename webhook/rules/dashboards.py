@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "dashboards"
+from webhook import resources
+
+DASHBOARDS_DIR = resources.DASHBOARDS
 
 # Grafana's global variables, with values a query would plausibly get.
 GRAFANA_BUILTINS = {

@@ -13,40 +13,95 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import yaml
 
-RULES_DIR = Path(__file__).resolve().parents[2] / "alert_rules"
-DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
+from webhook import resources
+from webhook.core import durations
+from webhook.files import FileError, load_mapping, parse_yaml
+from webhook.rules.config import check
+
+RULES_DIR = resources.ALERT_RULES
 # Renderings kept beside the tests (alert_rules/tests/NAME/) and tested by promtool: NAME to the
 # profiles it is rendered with.
 VARIANTS = {"slurm-native": "slurmctld,slurmedic-nodes"}
-UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+ALERT = re.compile(r"^\s*- alert: ([A-Za-z][A-Za-z0-9]*)\s*$")
 
 
 class RulesError(ValueError):
     """A config or template problem; the message names the key or file."""
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def with_runbooks(text: str, base: str, file: str) -> str:
+    """`text` with each alert's runbook_url, named after the alert (`base`/NAME.md), as the
+    last of its annotations: templates never spell it, so no alert can point at another's."""
+    lines = text.splitlines(keepends=True)
+    inserts: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        match = ALERT.match(line)
+        if not match:
+            continue
+        name, rule_indent = match.group(1), _indent(line) + 2
+        annotations = None
+        for j in range(i + 1, len(lines)):
+            if lines[j].strip() and _indent(lines[j]) < rule_indent:
+                break  # the next rule, group or file-level line
+            if lines[j].strip() == "annotations:" and _indent(lines[j]) == rule_indent:
+                annotations = j
+                break
+        if annotations is None:
+            raise RulesError(f"{file}: alert {name} has no annotations")
+        last, child = annotations, None
+        for j in range(annotations + 1, len(lines)):
+            if not lines[j].strip():
+                continue
+            if _indent(lines[j]) <= rule_indent:
+                break
+            child = _indent(lines[j]) if child is None else child
+            if _indent(lines[j]) == child and lines[j].lstrip().startswith("runbook_url:"):
+                raise RulesError(
+                    f"{file}: alert {name} spells its runbook_url; the renderer adds it"
+                )
+            last = j
+        if child is None:
+            raise RulesError(f"{file}: alert {name} has no annotations")
+        inserts.append((last + 1, f'{" " * child}runbook_url: "{base}/{name}.md"\n'))
+    for at, line in reversed(inserts):
+        lines.insert(at, line)
+    return "".join(lines)
+
+
 def seconds(duration: str) -> int:
-    """A Prometheus duration (`10m`) in whole seconds."""
-    match = DURATION.match(str(duration))
-    if not match:
-        raise RulesError(f"not a duration: {duration!r}")
-    return int(int(match.group(1)) * UNIT_SECONDS[match.group(2)])
+    """A Prometheus duration (`10m`, `1h30m`) in whole seconds."""
+    try:
+        return int(durations.parse(str(duration)).total_seconds())
+    except durations.DurationError as e:
+        raise RulesError(str(e)) from e
 
 
 @dataclass(frozen=True)
 class RuleSource:
     rules_dir: Path = RULES_DIR
+    # A site's own copy of config.yml (`rules render --config`); None: the package's.
+    config_file: Path | None = None
 
     @property
     def templates(self) -> Path:
         return self.rules_dir / "templates"
 
     def config(self, profile: str | None = None) -> dict[str, Any]:
-        raw = yaml.safe_load((self.rules_dir / "config.yml").read_text())
+        path = self.config_file or self.rules_dir / "config.yml"
+        raw = self._load(path)
+        if not isinstance(raw.get("defaults"), dict):
+            raise RulesError(f"{path}: defaults: must be a mapping of keys")
         values: dict[str, Any] = dict(raw["defaults"])
         profiles = raw.get("profiles") or {}
+        if not isinstance(profiles, dict):
+            raise RulesError(f"{path}: profiles: must be a mapping of profile names")
         # Several profiles compose, left to right: `lab,slurm-native`.
         for name in [p for p in (profile or "").split(",") if p]:
             if name not in profiles:
@@ -55,14 +110,25 @@ class RuleSource:
             if unknown:
                 raise RulesError(f"profiles.{name}: unknown key {sorted(unknown)[0]!r}")
             values.update(profiles[name])
-        choices = {"slurm_counts_source": ("exporter", "slurmctld")}
-        for key, allowed in choices.items():
-            if values.get(key) not in allowed:
-                raise RulesError(f"{key}: {values.get(key)!r} is not one of {', '.join(allowed)}")
-        xids = yaml.safe_load((self.rules_dir / "xid-classes.yml").read_text())
-        values["xid_node"] = xids["node"]
-        values["xid_application"] = xids["application"]
+        where = f"{path}" + (f" (profile {profile})" if profile else "")
+        try:  # every key of its kind: a threshold that is not a number never renders
+            check(values, where)
+        except ValueError as e:
+            raise RulesError(str(e)) from e
+        path = self.rules_dir / "xid-classes.yml"
+        xids = self._load(path)
+        for key in ("node", "application"):
+            if key not in xids:
+                raise RulesError(f"{path}: {key}: missing")
+            values[f"xid_{key}"] = xids[key]
         return values
+
+    @staticmethod
+    def _load(path: Path) -> dict[str, Any]:
+        try:
+            return load_mapping(path, "rules config file")
+        except FileError as e:
+            raise RulesError(str(e)) from e
 
     def render(self, profile: str | None = None) -> dict[str, str]:
         """File name to rendered rule file text."""
@@ -86,21 +152,39 @@ class RuleSource:
                 text = env.get_template(template.name).render(**values)
             except jinja2.UndefinedError as e:
                 raise RulesError(f"{template.name}: {e.message}") from e
-            yaml.safe_load(
-                text
-            )  # a template that renders broken YAML fails here, not in Prometheus
+            except RulesError as e:  # a filter's: a config value that is not a duration
+                raise RulesError(f"{template.name}: {e}") from e
+            text = with_runbooks(text, values["runbook_base"], template.name)
+            try:  # a template that renders broken YAML fails here, not in Prometheus
+                parse_yaml(text, f"{template.name} (rendered)")
+            except FileError as e:
+                raise RulesError(str(e)) from e
             out[template.name] = text
         return out
 
     def write(self, out_dir: Path, profile: str | None = None) -> list[Path]:
+        """Every rule file, written where it differs; all their paths."""
+        return [path for path, _ in self.write_changed(out_dir, profile)]
+
+    def write_changed(self, out_dir: Path, profile: str | None = None) -> list[tuple[Path, bool]]:
+        """Every rule file with whether it changed (written) or was already so."""
         out_dir.mkdir(parents=True, exist_ok=True)
         written = []
         for name, text in self.render(profile).items():
             path = out_dir / name
-            if not path.exists() or path.read_text() != text:
+            changed = not path.exists() or path.read_text() != text
+            if changed:
                 path.write_text(text)
-            written.append(path)
+            written.append((path, changed))
         return written
+
+    def differs(self, out_dir: Path, profile: str | None = None) -> list[str]:
+        """The rule files in `out_dir` that a fresh render would change (or add)."""
+        return [
+            name
+            for name, text in self.render(profile).items()
+            if not (out_dir / name).exists() or (out_dir / name).read_text() != text
+        ]
 
     def variants(self) -> dict[str, dict[str, str]]:
         """Renderings kept beside the tests (alert_rules/tests/PROFILE/) so that promtool tests

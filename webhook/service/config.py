@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
+from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from webhook.core.policy import describe
+from webhook.core.validation import describe
+from webhook.files import FileError, load_mapping, read_text
 
 
 class ConfigError(ValueError):
@@ -30,9 +32,7 @@ class Auth(_Strict):
     def secrets(self) -> tuple[bytes | None, tuple[bytes, bytes] | None]:
         token = None
         if self.bearer_token_file is not None:
-            token = self.bearer_token_file.read_text().strip().encode()
-            if not token:
-                raise ConfigError(f"auth.bearer_token_file: {self.bearer_token_file} is empty")
+            token = _secret("auth.bearer_token_file", self.bearer_token_file)
         elif self.bearer_token_env:
             value = os.environ.get(self.bearer_token_env, "")
             if not value:
@@ -40,9 +40,7 @@ class Auth(_Strict):
             token = value.encode()
         basic = None
         if self.basic_user and self.basic_password_file is not None:
-            password = self.basic_password_file.read_text().strip().encode()
-            if not password:
-                raise ConfigError(f"auth.basic_password_file: {self.basic_password_file} is empty")
+            password = _secret("auth.basic_password_file", self.basic_password_file)
             basic = (self.basic_user.encode(), password)
         if token is None and basic is None:
             raise ConfigError(
@@ -50,6 +48,16 @@ class Auth(_Strict):
                 "basic_password_file (the webhook never runs unauthenticated)"
             )
         return token, basic
+
+
+def _secret(key: str, path: Path) -> bytes:
+    try:
+        secret = read_text(path, "secret file").strip().encode()
+    except FileError as e:
+        raise ConfigError(f"{key}: {e}") from e
+    if not secret:
+        raise ConfigError(f"{key}: {path} is empty")
+    return secret
 
 
 class Cluster(_Strict):
@@ -91,6 +99,61 @@ class Verification(_Strict):
     interval_seconds: float = Field(default=5.0, gt=0)
 
 
+class Notify(_Strict):
+    # The site's Alertmanager: slurmedic posts its notices there (webhook/core/notices.py:
+    # approvals waiting, escalations, failed recoveries), routed by `notice="slurmedic"`.
+    # None: no notices.
+    alertmanager_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    interval_seconds: float = Field(default=15.0, gt=0)
+    # Escalations older than this without a verdict are no longer announced.
+    escalation_lookback_hours: float = Field(default=168.0, gt=0)
+
+
+class Console(_Strict):
+    # The review console (/console): its own login, separate from the webhook's token. Users and
+    # their roles (viewer, approver, admin) come from `users_file` (YAML: name: {password_hash,
+    # role}; `slurmedic console hash` makes a hash), or, behind a reverse proxy that
+    # authenticates, from `proxy_user_header`, with roles from `proxy_roles` (default: viewer).
+    enabled: bool = False
+    users_file: Path | None = None
+    proxy_user_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")
+    proxy_roles: dict[str, Literal["viewer", "approver", "admin"]] = {}
+    # Signs the session cookie; the same file for every worker and replica.
+    secret_key_file: Path | None = None
+    # Where the console is seen from (links in notifications); empty: relative links only.
+    public_url: str = ""
+    # A dashboard for an incident's job, e.g. Grafana's
+    # https://grafana.example/d/slurmedic-job?var-job={job}&var-node={node}; empty: no link.
+    dashboard_url: str = ""
+    page_size: int = Field(default=50, ge=5, le=500)
+
+    def dashboard_link(self, job: int | None, node: str | None) -> str:
+        """The dashboard URL for a job and node (both checked: a job id, a node name)."""
+        if not self.dashboard_url:
+            return ""
+        return self.dashboard_url.replace("{job}", str(job or "")).replace("{node}", node or "")
+
+    def secret_key(self) -> bytes:
+        if self.secret_key_file is None:
+            raise ConfigError("console.secret_key_file: the console needs a key to sign sessions")
+        key = _secret("console.secret_key_file", self.secret_key_file)
+        if len(key) < 16:
+            path = self.secret_key_file
+            raise ConfigError(f"console.secret_key_file: {path} is shorter than 16 bytes")
+        return key
+
+
+class Replicas(_Strict):
+    """Several `slurmedic serve` on one PostgreSQL ledger: each stores what it receives, one
+    leads (decides and executes) by a lease in the ledger (docs/operations.md: replicas)."""
+
+    # This replica's name in the ledger, /readyz and /metrics; default: host name and pid.
+    name: str = Field(default="", pattern=r"^[A-Za-z0-9._:@-]{0,128}$")
+    # A leader that stops renewing for this long is replaced: the bound on a takeover, and
+    # how long a paused leader's term may still run.
+    lease_seconds: float = Field(default=15.0, ge=2, le=600)
+
+
 class ServiceConfig(_Strict):
     listen: str = "127.0.0.1:8080"
     database_url: str = "sqlite:///slurmedic.db"
@@ -100,21 +163,33 @@ class ServiceConfig(_Strict):
     cluster: Cluster = Cluster()
     executor: Executor = Executor()
     verification: Verification = Verification()
+    console: Console = Console()
+    notify: Notify = Notify()
     tick_seconds: float = Field(default=1.0, gt=0)
+    replicas: Replicas = Replicas()
     # /metrics reads the ledger at most this often per worker.
     metrics_cache_seconds: float = Field(default=10.0, ge=0)
     workers: int = Field(default=2, ge=1)
+
+    def replica_name(self) -> str:
+        """This replica's name: the configured one; else the one its `serve` chose (its loop and
+        web workers are its children); else the host's name and this process's pid."""
+        return (
+            self.replicas.name
+            or os.environ.get(REPLICA_ENV, "")
+            or f"{socket.gethostname()}:{os.getpid()}"
+        )
+
+
+REPLICA_ENV = "SLURMEDIC_REPLICA"
 
 
 def load_config(path: Path | None) -> ServiceConfig:
     if path is None:
         return ServiceConfig()
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-        return ServiceConfig.model_validate(data)
-    except OSError as e:
-        raise ConfigError(f"{path}: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not YAML ({str(e).splitlines()[0]})") from e
+        return ServiceConfig.model_validate(load_mapping(path, "config file"))
+    except FileError as e:
+        raise ConfigError(str(e)) from e
     except ValidationError as e:
         raise ConfigError(f"{path}: {describe(e)}") from e

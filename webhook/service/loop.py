@@ -11,20 +11,64 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from webhook.adapters.slurm import SlurmError
+from webhook.core import durations
 from webhook.core.alerts import wrap
 from webhook.core.cluster import ClusterView, eligible
 from webhook.core.decisions import Decision
 from webhook.core.engine import Engine
+from webhook.core.lifecycle import (
+    AWAITING_APPROVAL,
+    DRY_RUN_FIRST,
+    EXPIRED,
+    RECORDED,
+    IllegalTransition,
+)
 from webhook.core.policy import Policy
 from webhook.executor.dispatch import Dispatcher
+from webhook.ledger.settings import (
+    Breaker,
+    CorruptSetting,
+    Heartbeat,
+    Jobs,
+    JobSeen,
+    Modes,
+    Nodes,
+    NodeSeen,
+    Switch,
+)
 from webhook.ledger.store import Ledger
+from webhook.service.notify import Notifier
 from webhook.service.verify import Verifier
 
 log = logging.getLogger("slurmedic.loop")
 REPLAY_HORIZON = timedelta(hours=1)
+LATE_IDS = 1000  # how far back the loop looks again for alert rows committed late
+
+
+def monitor_forced(ledger: Ledger) -> bool:
+    """Whether the global switch holds every action in monitor mode; a corrupt switch does too
+    (what the human wanted is unknown, so nothing is carried out until it is mended)."""
+    try:
+        return ledger.setting(Switch).monitor
+    except CorruptSetting as e:
+        log.error("%s; acting as if it said monitor", e)
+        return True
+
+
+def modes_of(policy: Policy) -> Modes:
+    return Modes(
+        mode=policy.mode,
+        actions={str(a): str(m) for a, m in policy.actions.items()},
+        partitions={
+            name: {
+                **({"*": p.mode} if p.mode else {}),
+                **{str(a): str(m) for a, m in p.actions.items()},
+            }
+            for name, p in sorted(policy.partitions.items())
+        },
+    )
 
 
 class LiveLoop:
@@ -38,16 +82,21 @@ class LiveLoop:
         dispatcher: Dispatcher | None = None,
         verifier: Verifier | None = None,
         verify_seconds: float = 5.0,
+        notifier: Notifier | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.ledger, self.policy, self.view_source, self.clock = ledger, policy, view_source, clock
+        self.notifier = notifier
         self.dispatcher, self.verifier, self.verify_seconds = dispatcher, verifier, verify_seconds
         self.verified_at = 0.0
         self.heartbeat_at = 0.0
-        self.jobs_published: dict[str, Any] | None = None
-        self.nodes_published: dict[str, Any] | None = None
+        # Set once the process is told to stop: nothing new is decided or started after it.
+        self.stopping = threading.Event()
+        self.jobs_published: Jobs | None = None
+        self.nodes_published: Nodes | None = None
         self.refresh_seconds = refresh_seconds
         self.last_alert = 0
+        self.fed: set[int] = set()  # ids fed within LATE_IDS of last_alert
         self.view_at = 0.0
         now = clock()
         self.started = now
@@ -56,13 +105,17 @@ class LiveLoop:
         self.engine.guards.history = list(
             ledger.history(now - max(policy.retry_budget.window, policy.breaker.window))
         )
-        breaker = ledger.setting("breaker") or {}
-        self.engine.guards.breaker_open = bool(breaker.get("open"))
-        if breaker.get("reset_at"):
-            self.engine.guards.breaker_reset_at = datetime.fromisoformat(breaker["reset_at"])
+        # Before the ledger's first notification (or this start, on a new one) nothing is known.
+        self.engine.guards.memory_since = ledger.record_begins() or now
+        breaker = ledger.setting(Breaker)
+        self.engine.guards.breaker_open = breaker.open
+        if breaker.reset_at is not None:
+            self.engine.guards.breaker_reset_at = breaker.reset_at
         # What was decided, from which evidence, and what was carried out: a restart neither
         # decides an incident twice nor takes a node's next failure for its last one.
-        self.engine.restore(ledger.restore_incidents(since=now - REPLAY_HORIZON))
+        # The engine forgets what is older than the retention; so does a restart.
+        self.engine.restore(ledger.restore_incidents(since=now - policy.retention_age))
+        ledger.put(modes_of(policy), now)  # what the console shows
         # Alerts are judged against the cluster: without a view yet, wait for one.
         self.caught_up = False
         if view is not None and view.nodes:
@@ -87,11 +140,17 @@ class LiveLoop:
         return view
 
     def _feed(self, since: datetime | None = None) -> int:
-        rows = self.ledger.alerts_after(self.last_alert)
+        # Ids are read again a window back (LATE_IDS): with several replicas writing, a row
+        # can commit after a higher id was read. Those fed already are skipped.
+        low = max(0, self.last_alert - LATE_IDS)
+        rows = self.ledger.alerts_after(low, skip=frozenset(self.fed))
         for row_id, received_at, alert in rows:
-            self.last_alert = row_id
+            self.last_alert = max(self.last_alert, row_id)
+            self.fed.add(row_id)
             if since is None or received_at >= since:
                 self.engine.receive(wrap([alert]), received_at)
+        if rows:
+            self.fed = {i for i in self.fed if i > self.last_alert - LATE_IDS}
         return len(rows)
 
     def step(self) -> list[Decision]:
@@ -106,34 +165,47 @@ class LiveLoop:
             self._catch_up()
         while self._feed():
             pass
+        if self.stopping.is_set():  # told to stop while it read: what it read waits in the ledger
+            return []
         self._sync_breaker()
+        self._sync_switch()
+        self._expire_approvals()
         # A decision carried out meanwhile is not revised: what arrives now is its consequence.
         self.engine.close(self.ledger.carried_out(self.engine.revisable()))
         was_open = self.engine.guards.breaker_open
         decisions = self.engine.tick(self.clock())
         if self.engine.guards.breaker_open and not was_open:
             # It never closes by itself: only `slurmedic breaker reset` does.
-            self.ledger.set_setting(
-                "breaker", {"open": True, "opened_at": self.clock().isoformat()}, self.clock()
-            )
+            now = self.clock()
+            self.ledger.put(Breaker(open=True, opened_at=now), now)
         if decisions:
             keys = dict.fromkeys(d.incident for d in decisions)
             ids = self.ledger.record(decisions, [self.engine.incidents[k] for k in keys])
             if self.dispatcher is not None:
-                # Monitor decisions get their dry run now; enforce ones are picked up below.
-                self.dispatcher.dispatch(
-                    [r for r in self.ledger.rows(ids) if r.state == "recorded"]
-                )
+                # Monitor and approve decisions get their dry run now; enforce ones, and
+                # approved ones, are picked up below.
+                rows = self.ledger.rows(ids)
+                self.dispatcher.dispatch([r for r in rows if r.state in DRY_RUN_FIRST])
             for d in decisions:
                 log.info("%s %s %s %s: %s", d.incident, d.action, d.state, d.cause, d.reason)
         verified = self._verify()
-        if self.dispatcher is not None:
+        if self.dispatcher is not None and not self.stopping.is_set():
             if verified:
                 rows = self.ledger.rows(verified)
-                self.dispatcher.dispatch([r for r in rows if r.state == "recorded"])
+                self.dispatcher.dispatch([r for r in rows if r.state == RECORDED])
             self.dispatcher.dispatch(self.dispatcher.pending())
+        self._notify()
         self._publish()
         return decisions
+
+    def _notify(self) -> None:
+        """Post the notices for people; never fails the step (the next round posts again)."""
+        if self.notifier is None:
+            return
+        try:
+            self.notifier.step()
+        except Exception:
+            log.exception("posting notices failed; trying again next round")
 
     def _verify(self) -> list[int]:
         """Judge recoveries; the ids of decisions recorded. Never fails the step: the engine's
@@ -154,16 +226,18 @@ class LiveLoop:
             return
         self.heartbeat_at = time.monotonic()
         now = self.clock()
-        self.ledger.set_setting("loop", {"at": now.timestamp()}, now)
+        self.ledger.put(Heartbeat(at=now.timestamp()), now)
         # Jobs that count for goodput: eligible now, or restarted (their wait is a failure's).
         # Jobs still queued for their first start are left out (they would be most series).
-        jobs = {
-            str(j.id): {"partition": j.partition, "restarts": j.restarts, "eligible": eligible(j)}
-            for j in self.engine.view.jobs.values()
-            if eligible(j) or j.restarts > 0
-        }
+        jobs = Jobs(
+            {
+                str(j.id): JobSeen(partition=j.partition, restarts=j.restarts, eligible=eligible(j))
+                for j in self.engine.view.jobs.values()
+                if eligible(j) or j.restarts > 0
+            }
+        )
         if jobs != self.jobs_published:
-            self.ledger.set_setting("jobs", jobs, now)
+            self.ledger.put(jobs, now)
             self.jobs_published = jobs
 
     def _publish_nodes(self) -> None:
@@ -171,25 +245,64 @@ class LiveLoop:
         source when a site runs no Slurm exporter (Slurm's own metrics count node states per
         cluster only), and a node that stops responding must reach them before Slurm marks it
         DOWN and requeues its job by itself (SlurmdTimeout)."""
-        nodes = {
-            n.name: {"status": n.status or n.state, "partitions": list(n.partitions)}
-            for n in self.engine.view.nodes.values()
-        }
+        nodes = Nodes(
+            {
+                n.name: NodeSeen(status=n.status or n.state, partitions=list(n.partitions))
+                for n in self.engine.view.nodes.values()
+            }
+        )
         if nodes != self.nodes_published:
-            self.ledger.set_setting("nodes", nodes, self.clock())
+            self.ledger.put(nodes, self.clock())
             self.nodes_published = nodes
+
+    def _sync_switch(self) -> None:
+        """The global switch, one meaning in every mode: while it is on, nothing reaches Slurm
+        and nothing waits for a human. New decisions are records (guard global_switch); those
+        waiting for approval become records too, each saying so (a human must not approve
+        what would only be dry-run). Switching back changes nothing already decided."""
+        forced = monitor_forced(self.ledger)
+        self.engine.guards.monitor_forced = forced
+        if not forced:
+            return
+        for row in self.ledger.in_state(AWAITING_APPROVAL):
+            note = {"by": "switch", "note": "global switch to monitor: recorded, not carried out"}
+            try:
+                self.ledger.add_event(row.id, RECORDED, note, self.clock())
+            except IllegalTransition:
+                continue  # a human or the executor moved it first
+            log.info("decision %s: global switch to monitor, recorded", row.id)
+
+    def _expire_approvals(self) -> None:
+        """Decisions nobody approved within the policy's approval_expires are not carried out."""
+        limit = self.policy.approval_expires
+        now = self.clock()
+        for row in self.ledger.in_state(AWAITING_APPROVAL):
+            at = row.at if row.at.tzinfo else row.at.replace(tzinfo=UTC)
+            if now - at < limit:
+                continue
+            note = {
+                "by": "loop",
+                "note": f"not approved within {durations.format(limit)}: expired, not carried out",
+            }
+            try:
+                self.ledger.add_event(row.id, EXPIRED, note, now)
+            except IllegalTransition:
+                continue  # approved or rejected meanwhile
+            log.info("decision %s expired unapproved", row.id)
 
     def _sync_breaker(self) -> None:
         """Pick up a human's reset (`slurmedic breaker reset` writes it to the ledger)."""
-        breaker = self.ledger.setting("breaker") or {}
-        reset_at = breaker.get("reset_at")
-        if reset_at and not breaker.get("open") and self.engine.guards.breaker_open:
-            self.engine.guards.reset_breaker(datetime.fromisoformat(reset_at))
+        breaker = self.ledger.setting(Breaker)
+        if breaker.reset_at and not breaker.open and self.engine.guards.breaker_open:
+            self.engine.guards.reset_breaker(breaker.reset_at)
 
     def run(self, stop: threading.Event, tick_seconds: float = 1.0) -> None:
+        self.stopping = stop
         while not stop.is_set():
             try:
                 self.step()
+            except CorruptSetting as e:  # a human can mend it: say which, without a traceback
+                log.error("loop step failed: %s", e)
             except Exception:
                 log.exception("loop step failed; retrying")
             stop.wait(self.pause(tick_seconds))

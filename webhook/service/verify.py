@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from webhook.adapters.prometheus import Prometheus, PrometheusError
 from webhook.core.cluster import ClusterView
 from webhook.core.decisions import Decision, GuardState, PastAction
+from webhook.core.disruption import with_disruption
 from webhook.core.incidents import attempt_of
 from webhook.core.policy import Policy
 from webhook.core.recovery import RankProgress, Watch, failure_point, judge, on_failure
@@ -90,7 +91,10 @@ class Verifier:
             return []
         decisions: list[Decision] = []
         if verdict.state == "failed":
-            decisions = on_failure(watch, verdict, job, guards, self.policy, now)
+            decisions = [
+                with_disruption(d, job, view, now)
+                for d in on_failure(watch, verdict, job, guards, self.policy, now)
+            ]
         ids = self.ledger.conclude(watch.incident, verdict, now, decisions)
         log.info("recovery of %s %s: %s", watch.incident, verdict.state, verdict.reason)
         if verdict.state == "recovered":

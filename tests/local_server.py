@@ -17,7 +17,7 @@ from typing import Any
 import requests
 import yaml
 
-TOKEN = "s3cret-token-for-tests"  # noqa: S105 - a local test server's token, not a secret
+TOKEN = "s3cret-token-for-tests"  # a local test server's token, not a secret
 
 
 def free_port() -> int:
@@ -47,7 +47,8 @@ class Server:
         return requests.post(f"{self.url}/api/v1/alerts", data=data, headers=h, timeout=10)
 
 
-def start_server(tmp: Path) -> Server:
+def start_server(tmp: Path, **extra: Any) -> Server:
+    """`extra`: config keys added to (or replacing) the test server's."""
     port = free_port()
     (tmp / "token").write_text(TOKEN + "\n")
     (tmp / "password").write_text("hunter2\n")
@@ -63,7 +64,7 @@ def start_server(tmp: Path) -> Server:
         },
         "cluster": {"slurm_conf": str(tmp / "no-slurm.conf")},
         "metrics_cache_seconds": 0,
-    }
+    } | extra
     (tmp / "config.yml").write_text(yaml.safe_dump(config))
     proc = subprocess.Popen(
         [sys.executable, "-m", "webhook.cli", "serve", f"--config={tmp / 'config.yml'}"],

@@ -1,5 +1,8 @@
 """tests/data/joblog/corpus.yaml: real job-log lines, laid out as the files mtail reads.
 
+The corpus is a test fixture (it is not shipped): this module is shared by the test and the
+bench, not by the lab.
+
 Each line goes into a per-rank file of a job of its own (`slurm-<job>-gpu-a07-3.out`) and, again,
 into a batch file of another job (`slurm-<job>.out`), so that one mtail run tells every line's
 counters apart by job id. The test (tests/unit/test_joblog_corpus.py) and the bench
@@ -15,9 +18,9 @@ from typing import Any
 import yaml
 
 from lab.mtail_oneshot import Key
-from webhook.rules.render import RULES_DIR
+from webhook import resources
 
-CORPUS = Path(__file__).resolve().parents[1] / "tests" / "data" / "joblog" / "corpus.yaml"
+CORPUS = Path(__file__).resolve().parent / "data" / "joblog" / "corpus.yaml"
 NODE, RANK = "gpu-a07", "3"  # the per-rank files' node and rank
 RANK_JOB, BATCH_JOB = 100000, 200000  # job ids: these plus the line's index
 
@@ -102,7 +105,7 @@ def load(path: Path = CORPUS) -> Corpus:
 
 
 def xid_classes() -> dict[str, list[int]]:
-    raw = yaml.safe_load((RULES_DIR / "xid-classes.yml").read_text())
+    raw = yaml.safe_load((resources.ALERT_RULES / "xid-classes.yml").read_text())
     return {str(cls): [int(x) for x in codes] for cls, codes in raw.items()}
 
 

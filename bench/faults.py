@@ -1,0 +1,241 @@
+"""The fault suite's long form, on the real lab: rounds of one GPU fault each (an XID 79 in a
+checkpointed 3-node job), with a fault of slurmedic's own parts injected at a random point of
+its handling. Three (or two) `slurmedic serve` replicas in enforce mode on one PostgreSQL, two
+Alertmanagers clustered with each other, each delivering to all three (tests/lab/replicas.py,
+the same harness as tests/lab/test_faults.py, its short form in CI).
+
+Faults: kill -9 of the leader; SIGSTOP of the leader past its lease (then SIGCONT); PostgreSQL
+restarted (fast shutdown); PostgreSQL unreachable for 30 s (SIGSTOP of the server); the
+leader's disk full (its TMPDIR, a tmpfs). Points: the fault's alert in Alertmanager, the first
+decision recorded, a decision running (its playbook in flight).
+
+Prints a row per round and the fault table: per fault, rounds, alerts fired and not in the
+ledger (lost), alert events stored, Alertmanager sends to slurmedic given up (sent again
+later), Slurm's requeues and drains (its own log: a double action shows here), rounds
+that lost or doubled anything, and the seconds until one replica led again (median, max).
+
+    .venv/bin/python -m bench.faults [--rounds 10] [--seed N] [--replicas 2|3] [--stack trixie]
+        [--port-base 24000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from lab import manage, monitoring, postgres
+from lab.config import LabConfig
+from lab.slurm import slurm
+from tests.lab.conftest import eventually, queue
+from tests.lab.replicas import (
+    LEASE,
+    POINTS,
+    Replicas,
+    all_stored,
+    carried_out,
+    leads_again,
+    reached,
+    replicas,
+    sends_failed,
+    table_row,
+)
+from tests.lab.test_remediation import checkpointed_job, heal
+
+OUTAGE = 30.0  # seconds PostgreSQL answers nothing
+
+
+def kill_leader(r: Replicas, leader: str) -> Callable[[], None]:
+    r.kill(leader)
+    return lambda: r.start(leader)
+
+
+def stop_leader(r: Replicas, leader: str) -> Callable[[], None]:
+    r.pause(leader, True)
+    try:
+        r.leader(not_=leader, timeout=4 * LEASE + 30)
+    finally:
+        r.pause(leader, False)
+    return lambda: None
+
+
+def restart_postgres(r: Replicas, leader: str) -> Callable[[], None]:
+    postgres.restart(r.cfg)
+    return lambda: None
+
+
+def postgres_unreachable(r: Replicas, leader: str) -> Callable[[], None]:
+    postgres.pause(r.cfg, True)
+    try:
+        time.sleep(OUTAGE)  # the outage's length is what is tested
+    finally:
+        postgres.pause(r.cfg, False)
+    return lambda: None
+
+
+def disk_full(r: Replicas, leader: str) -> Callable[[], None]:
+    r.disks[leader].fill()
+    return r.disks[leader].free
+
+
+FAULTS: dict[str, Callable[[Replicas, str], Callable[[], None]]] = {
+    "kill -9 of the leader": kill_leader,
+    "SIGSTOP of the leader past its lease": stop_leader,
+    "PostgreSQL restarted": restart_postgres,
+    f"PostgreSQL unreachable {OUTAGE:.0f} s": postgres_unreachable,
+    "the leader's disk full": disk_full,
+}
+
+
+# Faults that take the leader out of play: the time to a leader is the time until another one
+# leads. The others (the database's) count until any replica leads.
+REPLACE_LEADER = {"kill -9 of the leader", "SIGSTOP of the leader past its lease",
+                  "the leader's disk full"}  # fmt: skip
+
+
+def one_round(r: Replicas, fault: str, point: str) -> dict[str, object]:
+    cfg = r.cfg
+    leader = r.leader()
+    job, nodes = checkpointed_job(
+        cfg,
+        lambda **kw: manage.submit_training(
+            cfg, step_time=0.2, ckpt_every=5, nccl_timeout=3.0, **kw
+        ),
+    )
+    # The ledger and Alertmanager's logs run on across rounds: this round's share is counted.
+    stored_before, failed_before = len(r.ledger.alerts_after(0)), sends_failed(cfg)
+    manage.inject_gpu(cfg, "xid", nodes[1], 4, xid=79)
+    row: dict[str, object] = {"fault": fault, "point": point}
+    repair: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        reached(r, job, point)
+        started = time.monotonic()
+        repair = FAULTS[fault](r, leader)
+        # A leader taken out: from the fault's start until another leads (a takeover). The
+        # database's faults: from their end until one leads again.
+        out = fault in REPLACE_LEADER
+        since = started if out else time.monotonic()
+        back = leads_again(r, since, not_=leader if out else None)
+        led = r.leader()
+        done = eventually(carried_out(r.ledger, f"{job}.0"), timeout=240, what="drain and requeue")
+        eventually(
+            lambda: (i := manage.show_job(cfg, job))["JobState"] == "RUNNING" and i,
+            timeout=90,
+            what="the next attempt running",
+        )
+        all_stored(r, job)
+        row |= table_row(fault, r, job, nodes[1], back)
+        # The replicas' own counters start again with a killed one: not summed over rounds.
+        del row["new events acknowledged"], row["answers 5xx"]
+        row["events stored"] = len(r.ledger.alerts_after(0)) - stored_before
+        row["Alertmanager sends failed"] = sends_failed(cfg) - failed_before
+        row |= {
+            "point": point,
+            "leader after": led,
+            "states": ",".join(sorted(f"{a}:{x.state}" for a, x in done.items())),
+            "restarts": manage.show_job(cfg, job)["Restarts"],
+        }
+    except Exception as e:  # a round that fails is counted, and the next one runs
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        repair()
+        slurm(cfg, "scancel", str(job), check=False)
+        eventually(lambda: not queue(cfg), timeout=60, what="the job gone")
+        heal(cfg)
+    row["ok"] = (
+        "error" not in row
+        and row.get("states") == "drain:executed,requeue:executed"
+        and row.get("Slurm requeues") == 1
+        and row.get("Slurm drains") == 1
+        and row.get("restarts") == "1"
+        and row.get("not in the ledger") == 0
+    )
+    return row
+
+
+def table(rows: list[dict[str, object]]) -> None:
+    by: dict[str, list[dict[str, object]]] = defaultdict(list)
+    for row in rows:
+        by[str(row["fault"])].append(row)
+    head = (
+        f"{'fault':40} {'rounds':>6} {'fired':>5} {'lost':>4} {'stored':>6} "
+        f"{'AM gave up':>10} {'requeues':>8} {'drains':>6} {'not ok':>6} {'to a leader s':>16}"
+    )
+    print(head)
+    print("-" * len(head))
+
+    def total(rs: list[dict[str, object]], key: str) -> int:
+        return int(sum(float(str(x.get(key, 0))) for x in rs))
+
+    for fault, rs in by.items():
+        backs = [float(str(x["seconds to a leader"])) for x in rs if "seconds to a leader" in x]
+        lead = f"{statistics.median(backs):.1f} / {max(backs):.1f}" if backs else "-"
+        print(
+            f"{fault:40} {len(rs):>6} {total(rs, 'alerts fired'):>5} "
+            f"{total(rs, 'not in the ledger'):>4} {total(rs, 'events stored'):>6} "
+            f"{total(rs, 'Alertmanager sends failed'):>10} "
+            f"{total(rs, 'Slurm requeues'):>8} {total(rs, 'Slurm drains'):>6} "
+            f"{sum(not x['ok'] for x in rs):>6} {lead:>16}"
+        )
+    print(
+        "(to a leader: median / max seconds; a fault that took the leader out: from its start "
+        "until another replica leads; the database's: from its end until one leads)"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stack", default=None)
+    p.add_argument("--port-base", type=int, default=24000)
+    p.add_argument("--replicas", type=int, choices=(2, 3), default=3)
+    args = p.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    if args.stack:
+        os.environ["SLURMEDIC_LAB_STACK"] = args.stack
+    tmp = Path(tempfile.mkdtemp(prefix="slurmedic-faults-"))
+    cfg = LabConfig(run_dir=tmp / "lab", port_base=args.port_base)
+    print(f"seed {seed}; lab {cfg.run_dir} ({cfg.stack}); {args.replicas} replicas, lease {LEASE}s")
+    rows: list[dict[str, object]] = []
+    # Every fault once before any twice, then at random; the point always at random.
+    order = list(FAULTS)
+    rng.shuffle(order)
+    faults = [order[i % len(order)] if i < len(order) else rng.choice(order)
+              for i in range(args.rounds)]  # fmt: skip
+
+    # A SIGTERM ends the run through its `finally`: the lab goes down, the disks unmounted.
+    # Once: a second one (`timeout` passes its own on) would cut that cleanup short.
+    def terminate(*_: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, terminate)
+    manage.up(cfg)
+    try:
+        monitoring.add_peer(cfg)
+        with replicas(cfg, tmp, "abc"[: args.replicas], "faults_bench") as r:
+            for n, fault in enumerate(faults, 1):
+                point = rng.choice(POINTS)
+                row = one_round(r, fault, point)
+                rows.append(row)
+                print(f"round {n}: {row}", flush=True)
+    finally:
+        manage.down(cfg)
+        shutil.rmtree(postgres.data_dir(cfg), ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        table(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""What the service tests share: a real PostgreSQL server, and a ledger on either backend."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from webhook.ledger.schema import Base
+from webhook.ledger.store import Ledger
+
+PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster on loopback, run as the postgres user, stopped after."""
+    assert PG_BIN, "PostgreSQL is not installed (scripts/setup.sh installs it)"
+    bin_dir = PG_BIN[-1]
+    data = Path(tempfile.mkdtemp(prefix="slurmedic-pg-"))
+    shutil.chown(data, "postgres", "postgres")
+    port = free_port()
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(
+        [*as_pg, str(bin_dir / "initdb"), "-D", str(data / "db"), "-A", "trust", "-U", "slurmedic"],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            *as_pg,
+            str(bin_dir / "pg_ctl"),
+            "-D",
+            str(data / "db"),
+            "-l",
+            str(data / "log"),
+            "-w",
+            "-o",
+            f"-p {port} -k {data} -c listen_addresses=127.0.0.1",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield f"postgresql+psycopg://slurmedic@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*as_pg, str(bin_dir / "pg_ctl"), "-D", str(data / "db"), "-m", "fast", "stop"],
+            check=False,
+            capture_output=True,
+        )
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Ledger:
+    if request.param == "sqlite":
+        return Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    url = request.getfixturevalue("postgres_url")
+    ledger = Ledger(url)
+    with ledger.engine.begin() as conn:  # a clean slate per test
+        for table in Base.metadata.sorted_tables:
+            conn.exec_driver_sql(f"TRUNCATE {table.name} RESTART IDENTITY CASCADE")
+    return ledger

@@ -1,0 +1,50 @@
+"""A loop never outlives the `slurmedic serve` that started it: after a `kill -9` of serve,
+nothing goes on deciding beside the serve started next."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.local_server import start_server, stop_server
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"loop" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_the_loop_stops_when_its_serve_is_killed(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    try:
+        loops = children(server.proc.pid)
+        assert len(loops) == 1, loops
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(10)
+        deadline = time.monotonic() + 30
+        while alive(loops[0]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(loops[0]), "the loop outlived its serve"
+        assert "is gone: the loop stops" in (tmp_path / "serve.out").read_text()
+    finally:
+        stop_server(server.proc, signal.SIGKILL)

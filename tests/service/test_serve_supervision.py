@@ -1,0 +1,98 @@
+"""`serve` keeps its loop running, and /readyz says when none runs: after a `kill -9` of the
+loop the webhook still stores what arrives, /readyz answers 503 until the loop `serve` starts
+again is back. A second serve on the same SQLite ledger is refused, by name."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import requests
+
+from tests.lab.conftest import eventually
+from tests.local_server import start_server, stop_server
+from tests.service.test_serve_orphan import alive, children
+
+
+def test_a_killed_loop_is_started_again_and_readyz_says_so_meanwhile(tmp_path: Path) -> None:
+    # A short lease: a loop silent for 3 s (its beat) counts as not running.
+    server = start_server(tmp_path, replicas={"name": "replica-a", "lease_seconds": 3})
+    try:
+        ready = requests.get(f"{server.url}/readyz", timeout=5)
+        assert ready.status_code == 200
+        assert ready.json() == {
+            "status": "ready",
+            "replica": "replica-a",
+            "leader": "replica-a",
+            "leading": True,
+        }
+        (loop,) = children(server.proc.pid)
+        os.kill(loop, signal.SIGKILL)
+        eventually(lambda: not alive(loop), timeout=60, what="the loop to die")
+        # The supervisor waits 1 s before it starts the loop again, and the new loop's first
+        # beat comes after its imports: /readyz goes 503 unless the restart is quick enough,
+        # so what is asserted is the restart, and that /readyz is 200 again after it.
+        again = eventually(
+            lambda: [p for p in children(server.proc.pid) if p != loop],
+            timeout=60,
+            what="a new loop",
+        )
+        assert again
+        eventually(
+            lambda: requests.get(f"{server.url}/readyz", timeout=5).status_code == 200,
+            timeout=60,
+            what="/readyz 200 again",
+        )
+        log = (tmp_path / "serve.out").read_text()
+        assert "the loop ended (exit -9): starting it again in 1 s" in log, log
+    finally:
+        stop_server(server.proc)
+
+
+def test_readyz_is_503_while_no_loop_runs(tmp_path: Path) -> None:
+    server = start_server(tmp_path, replicas={"name": "replica-a", "lease_seconds": 2})
+    try:
+        (loop,) = children(server.proc.pid)
+        # Stopped, not killed: the supervisor sees no exit, and nothing beats.
+        os.kill(loop, signal.SIGSTOP)
+        try:
+
+            def not_ready() -> dict[str, object] | None:
+                r = requests.get(f"{server.url}/readyz", timeout=5)
+                return r.json() if r.status_code == 503 else None
+
+            body = eventually(not_ready, timeout=60, what="/readyz 503")
+            assert isinstance(body, dict)
+            assert body["status"] == "not ready"
+            assert body["reason"].startswith("no loop runs for this replica (last beat: ")
+            # The webhook itself still stores what arrives.
+            assert requests.get(f"{server.url}/healthz", timeout=5).status_code == 200
+        finally:
+            os.kill(loop, signal.SIGCONT)
+        eventually(
+            lambda: requests.get(f"{server.url}/readyz", timeout=5).status_code == 200,
+            timeout=60,
+            what="/readyz 200 once the loop beats again",
+        )
+    finally:
+        stop_server(server.proc)
+
+
+def test_a_second_serve_on_one_sqlite_ledger_is_refused(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "webhook.cli", "serve", f"--config={tmp_path / 'config.yml'}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 1
+        assert "another slurmedic loop runs on" in out.stderr
+        assert "PostgreSQL" in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    finally:
+        stop_server(server.proc)

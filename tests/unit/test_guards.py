@@ -1,0 +1,513 @@
+"""The guards' pipeline, stage by stage: given a decision as the plan made it and the incident's
+context, each stage returns the expected decisions and effect on the guards' memory, and changes
+nothing itself; the order is the table docs/operations.md gives."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from webhook.core import guards as g
+from webhook.core.alerts import Alert, wrap
+from webhook.core.attribution import Attribution
+from webhook.core.cluster import ClusterView, Job, Node
+from webhook.core.decisions import BreakerOpened, Counted, Decision, GuardState, PastAction, plan
+from webhook.core.engine import Engine
+from webhook.core.evidence import Evidence
+from webhook.core.policy import load_policy
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+GPU = Attribution("gpu_hardware", ("gpu02",), "XID 79 on gpu02")
+APP = Attribution("application", (), "XID 13 on gpu01")
+UNKNOWN = Attribution("unknown", (), "NCCL timeouts on some ranks")
+
+
+def view(*jobs: Job, drained: tuple[str, ...] = ()) -> ClusterView:
+    v = ClusterView()
+    for i in range(1, 11):
+        name = f"gpu{i:02}"
+        v.nodes[name] = Node(name, "train", state="drain" if name in drained else "allocated")
+    v.nodes["dbg01"] = Node("dbg01", "debug")
+    v.nodes["both01"] = Node("both01", "debug", other_partitions=("train",))
+    for j in jobs:
+        v.set_job(j)
+    return v
+
+
+def job(state: str = "RUNNING", comment: Any = None, **kw: Any) -> Job:
+    text = json.dumps({"slurmedic": comment}) if comment is not None else ""
+    fields: dict[str, Any] = {"nodes": ("gpu01", "gpu02"), "partition": "train"} | kw
+    return Job(id=7, state=state, comment=text, **fields)
+
+
+def evidence(node: str, signal: str = "nccl_timeout", after: int = 0) -> Evidence:
+    return Evidence(
+        alertname="NcclTimeout",
+        signal=signal,
+        node=node,
+        job=7,
+        fingerprint=f"f-{node}-{after}",
+        starts_at=T0 - timedelta(minutes=5) + timedelta(seconds=after),
+        received_at=T0,
+    )
+
+
+def ctx(
+    attr: Attribution = GPU,
+    j: Job | None = None,
+    *,
+    ev: tuple[Evidence, ...] = (),
+    history: tuple[PastAction, ...] = (),
+    breaker_open: bool = False,
+    v: ClusterView | None = None,
+    **policy: Any,
+) -> g.Context:
+    return g.Context(
+        attr=attr,
+        job=j,
+        evidence=ev,
+        view=v if v is not None else view(*([j] if j else [])),
+        policy=load_policy(policy),
+        guards=GuardState(history=list(history), breaker_open=breaker_open),
+        now=T0,
+    )
+
+
+def planned(c: g.Context, action: str) -> Decision:
+    """The plan's decision with `action` for this context."""
+    base = Decision(
+        at=T0,
+        incident="7.0",
+        job=c.job.id if c.job else None,
+        action="none",
+        cause=c.attr.cause,
+        reason=c.attr.reason,
+    )
+    return next(d for d in plan(base, c.attr, c.job) if d.action == action)
+
+
+def summary(out: g.Outcome) -> list[tuple[str, str | None, tuple[str, ...], tuple[str, ...]]]:
+    return [(d.action, d.guard, d.nodes, d.exclude) for d in out.decisions]
+
+
+# ---- the table ------------------------------------------------------------------------------
+def test_the_order_is_the_table_the_docs_give() -> None:
+    text = DOCS.read_text()
+    section = text[text.index("**The guards, in order**") :]
+    section = section[: section.index("\n\n", section.index("| stage |"))]
+    documented = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M)
+    assert documented == [name for name, _ in g.PIPELINE]
+    assert documented[0] == "job_running" and documented[-2:] == ["one_per_action", "mode"]
+
+
+def test_the_docs_name_every_guard_the_stages_record() -> None:
+    after = DOCS.read_text().split("**The guards, in order**")[1]
+    section = next(chunk for chunk in after.split("\n\n") if chunk.startswith("| stage |"))
+    recorded = set(re.findall(r"\(`([a-z_]+)`\)", section))
+    assert recorded == {
+        "job_running",
+        "out_of_scope",
+        "ended_on_purpose",
+        "job_completed",
+        "repeated_failure",
+        "unseen_restart",
+        "no_requeue",
+        "opted_out",
+        "not_opted_in",
+        "no_progress",
+        "retry_budget_exhausted",
+        "already_drained",
+        "circuit_breaker_open",
+        "global_switch",
+    }
+
+
+# ---- each stage alone -----------------------------------------------------------------------
+def test_job_running_leaves_a_training_job_alone_and_tells_people() -> None:
+    c = ctx(APP, job())
+    out = g.job_running(planned(c, "stop"), c)
+    assert summary(out) == [("none", "job_running", (), ()), ("escalate", "job_running", (), ())]
+    assert out.decisions[0].reason.startswith("job 7 keeps running: an application's GPU error")
+    assert out.decisions[0].reason.endswith("XID 13 on gpu01") and out.effects == ()
+
+
+@pytest.mark.parametrize(
+    ("state", "signal"), [("FAILED", "gpu_app"), ("RUNNING", "app_error"), ("RUNNING", "hang")]
+)
+def test_job_running_lets_a_failure_through(state: str, signal: str) -> None:
+    c = ctx(APP, job(state), ev=(evidence("gpu01", signal),))
+    d = planned(c, "stop")
+    assert g.job_running(d, c) == g.Outcome((d,))
+
+
+def test_job_running_leaves_other_causes_and_a_job_ended_on_purpose_to_later_stages() -> None:
+    c = ctx(GPU, job())
+    d = planned(c, "requeue")
+    assert g.job_running(d, c) == g.Outcome((d,))
+    cancelled = ctx(APP, job("CANCELLED"))
+    stop = planned(cancelled, "stop")
+    assert g.job_running(stop, cancelled) == g.Outcome((stop,))
+
+
+def test_scope_refuses_a_job_outside_the_partitions() -> None:
+    c = ctx(GPU, job(partition="debug"), scope={"partitions": ["train"]})
+    out = g.scope(planned(c, "requeue"), c)
+    assert summary(out) == [("none", "out_of_scope", (), ())]
+    assert out.decisions[0].reason == "job 7 is outside the policy's partitions; XID 79 on gpu02"
+
+
+def test_scope_keeps_the_drain_s_nodes_inside_the_partitions() -> None:
+    attr = Attribution("gpu_hardware", ("gpu03", "dbg01", "both01", "nosuch"), "four nodes")
+    c = ctx(attr, None, scope={"partitions": ["train"]})
+    assert summary(g.scope(planned(c, "drain"), c)) == [("drain", None, ("gpu03", "both01"), ())]
+    outside = ctx(Attribution("gpu_hardware", ("dbg01",), "x"), None, scope={"partitions": ["a"]})
+    out = g.scope(planned(outside, "drain"), outside)
+    assert summary(out) == [("none", "out_of_scope", (), ())]
+    assert out.decisions[0].reason == "dbg01 is outside the policy's partitions; x"
+
+
+def test_scope_without_partitions_keeps_everything_of_the_cluster() -> None:
+    c = ctx(GPU, job(partition="anything"))
+    d = planned(c, "requeue")
+    assert g.scope(d, c) == g.Outcome((d,))
+
+
+@pytest.mark.parametrize(
+    ("state", "base", "guard", "why"),
+    [
+        ("CANCELLED", "", "ended_on_purpose", "job 7 ended CANCELLED"),
+        ("COMPLETING", "TIMEOUT", "ended_on_purpose", "job 7 ended TIMEOUT"),
+        ("COMPLETED", "", "job_completed", "job 7 completed"),
+    ],
+)
+def test_ended_by_choice_refuses_to_restart_or_stop(
+    state: str, base: str, guard: str, why: str
+) -> None:
+    c = ctx(GPU, job(state, base=base))
+    out = g.ended_by_choice(planned(c, "requeue"), c)
+    assert summary(out) == [("none", guard, (), ())]
+    assert out.decisions[0].reason == f"{why}; XID 79 on gpu02"
+    failed = ctx(GPU, job("NODE_FAIL"))
+    d = planned(failed, "requeue")
+    assert g.ended_by_choice(d, failed) == g.Outcome((d,))
+
+
+def test_requeue_once_says_where_it_failed_first_the_first_time() -> None:
+    c = ctx(UNKNOWN, job("FAILED"), ev=(evidence("gpu02", after=1), evidence("gpu01", after=3)))
+    out = g.requeue_once(planned(c, "requeue"), c)
+    assert summary(out) == [("requeue", None, (), ())]
+    assert out.decisions[0].reason == (
+        "job 7 ended with nobody to blame; it failed first on gpu02 (NcclTimeout at "
+        "11:55:01Z): requeued once. NCCL timeouts on some ranks"
+    )
+    assert out.effects == ()  # the retry budget spends the requeue
+
+
+def test_requeue_once_gives_a_restart_before_the_record_to_a_human() -> None:
+    began = T0 - timedelta(minutes=20)
+    restarted = job("FAILED", restarts=1, started=began - timedelta(minutes=1))
+    c = replace(ctx(UNKNOWN, restarted), guards=GuardState(memory_since=began))
+    out = g.requeue_once(planned(c, "requeue"), c)
+    assert summary(out) == [("escalate", "unseen_restart", (), ())]
+    assert "which began before slurmedic's record does (2026-" in out.decisions[0].reason
+    # A first attempt, or a restart inside the record, is requeued once as usual.
+    for j in (
+        job("FAILED", restarts=0, started=began - timedelta(minutes=1)),
+        job("FAILED", restarts=1, started=began + timedelta(minutes=1)),
+    ):
+        c = replace(ctx(UNKNOWN, j), guards=GuardState(memory_since=began))
+        assert summary(g.requeue_once(planned(c, "requeue"), c)) == [("requeue", None, (), ())]
+
+
+def test_requeue_once_gives_the_second_time_to_a_human_naming_the_node() -> None:
+    earlier = PastAction(
+        at=T0 - timedelta(hours=1), action="requeue", job=7, nodes=("gpu02",), cause="unknown"
+    )
+    c = ctx(UNKNOWN, job("FAILED"), ev=(evidence("gpu02"),), history=(earlier,))
+    out = g.requeue_once(planned(c, "requeue"), c)
+    assert summary(out) == [("escalate", "repeated_failure", ("gpu02",), ())]
+    assert "where the last failure began too: gpu02 is implicated" in out.decisions[0].reason
+    elsewhere = ctx(UNKNOWN, job("FAILED"), ev=(evidence("gpu01"),), history=(earlier,))
+    assert summary(g.requeue_once(planned(elsewhere, "requeue"), elsewhere)) == [
+        ("escalate", "repeated_failure", (), ())
+    ]
+
+
+def test_requeue_once_leaves_a_requeue_somebody_is_blamed_for() -> None:
+    c = ctx(GPU, job("FAILED"), history=(PastAction(T0, "requeue", 7, cause="unknown"),))
+    d = planned(c, "requeue")
+    assert g.requeue_once(d, c) == g.Outcome((d,))
+
+
+def test_no_requeue_refuses_a_job_submitted_with_no_requeue() -> None:
+    c = ctx(GPU, job(requeue=False))
+    out = g.no_requeue(planned(c, "requeue"), c)
+    assert summary(out) == [("none", "no_requeue", (), ())]
+    assert out.decisions[0].reason.startswith("job 7 was submitted with --no-requeue; ")
+
+
+@pytest.mark.parametrize(
+    ("comment", "require", "guard"),
+    [
+        ({"requeue": False}, False, "opted_out"),
+        ({"requeue": False}, True, "opted_out"),
+        (None, True, "not_opted_in"),
+        ({"max_requeues": 1}, True, "not_opted_in"),
+        ({"requeue": True}, True, None),
+        (None, False, None),
+    ],
+)
+def test_opt_in_out_follows_the_comment_and_the_policy(
+    comment: Any, require: bool, guard: str | None
+) -> None:
+    c = ctx(GPU, job(comment=comment), scope={"require_opt_in": require})
+    out = g.opt_in_out(planned(c, "requeue"), c)
+    assert [d.guard for d in out.decisions] == [guard]
+    assert out.decisions[0].action == ("requeue" if guard is None else "none")
+
+
+def test_no_progress_stops_a_job_whose_restarts_never_reach_a_checkpoint() -> None:
+    stalls = tuple(
+        PastAction(T0 - timedelta(minutes=m), "recovery_failed", 7, before_checkpoint=True)
+        for m in (30, 10)
+    )
+    c = ctx(GPU, job(), history=stalls)
+    out = g.no_progress(planned(c, "requeue"), c)
+    assert summary(out) == [("stop", "no_progress", (), ()), ("escalate", "no_progress", (), ())]
+    assert out.decisions[0].reason.startswith("job 7's last 2 restart(s) failed before their")
+    one = ctx(GPU, job(), history=stalls[:1])
+    d = planned(one, "requeue")
+    assert g.no_progress(d, one) == g.Outcome((d,))
+
+
+def test_retry_budget_spends_a_requeue_it_lets_through() -> None:
+    c = ctx(GPU, job())
+    d = planned(c, "requeue")
+    out = g.retry_budget(d, c)
+    assert out.decisions == (d,) and d.exclude == ("gpu02",)
+    assert out.effects == (
+        Counted(
+            PastAction(
+                at=T0,
+                action="requeue",
+                job=7,
+                exclude=("gpu02",),
+                cause="gpu_hardware",
+                incident="7.0",
+            )
+        ),
+    )
+
+
+def test_retry_budget_remembers_where_a_blameless_failure_began() -> None:
+    c = ctx(UNKNOWN, job("FAILED"), ev=(evidence("gpu01", after=2), evidence("gpu02", after=9)))
+    (spent,) = g.retry_budget(planned(c, "requeue"), c).effects
+    assert isinstance(spent, Counted) and spent.action.nodes == ("gpu01",)
+
+
+def test_retry_budget_stops_a_job_out_of_budget() -> None:
+    used = tuple(PastAction(T0 - timedelta(hours=h), "requeue", 7) for h in (1, 2, 30))
+    c = ctx(GPU, job(), history=used, retry_budget={"max_requeues": 2})
+    out = g.retry_budget(planned(c, "requeue"), c)
+    assert summary(out) == [
+        ("stop", "retry_budget_exhausted", (), ()),
+        ("escalate", "retry_budget_exhausted", (), ()),
+    ]
+    assert out.decisions[0].reason == (
+        "job 7 was requeued 2 time(s) in the last 86400s (budget 2); XID 79 on gpu02"
+    )
+    assert out.effects == ()
+
+
+def test_a_comment_lowers_the_budget_and_never_raises_it() -> None:
+    used = (PastAction(T0 - timedelta(hours=1), "requeue", 7),)
+    lower = ctx(GPU, job(comment={"max_requeues": 1}), history=used)
+    assert summary(g.retry_budget(planned(lower, "requeue"), lower))[0][:2] == (
+        "stop",
+        "retry_budget_exhausted",
+    )
+    higher = ctx(GPU, job(comment={"max_requeues": 9}), history=used * 3)
+    assert summary(g.retry_budget(planned(higher, "requeue"), higher))[0][:2] == (
+        "stop",
+        "retry_budget_exhausted",
+    )
+
+
+def test_already_drained_refuses_a_drain_of_drained_nodes_only() -> None:
+    attr = Attribution("gpu_hardware", ("gpu02", "gpu03"), "x")
+    c = ctx(attr, v=view(drained=("gpu02", "gpu03")))
+    out = g.already_drained(planned(c, "drain"), c)
+    assert summary(out) == [("none", "already_drained", (), ())]
+    assert out.decisions[0].reason == "gpu02, gpu03 is already drained; x"
+    half = ctx(attr, v=view(drained=("gpu02",)))
+    d = planned(half, "drain")
+    assert g.already_drained(d, half) == g.Outcome((d,))
+
+
+def test_the_breaker_counts_a_drain_it_lets_through() -> None:
+    c = ctx(GPU, job())
+    d = planned(c, "drain")
+    out = g.breaker(d, c)
+    assert out.decisions == (d,)
+    drained = PastAction(T0, "drain", nodes=("gpu02",), cause="gpu_hardware", incident="7.0")
+    assert out.effects == (Counted(drained),)
+
+
+def test_past_its_limit_the_breaker_opens_and_drains_become_escalations() -> None:
+    # 12 nodes, 10%: at most 2 in the window; gpu05 and gpu06 are drained already.
+    recent = PastAction(T0 - timedelta(minutes=10), "drain", nodes=("gpu05", "gpu06"))
+    c = ctx(GPU, job(), history=(recent,))
+    out = g.breaker(planned(c, "drain"), c)
+    assert summary(out) == [("escalate", "circuit_breaker_open", ("gpu02",), ())]
+    assert out.decisions[0].reason.startswith("Draining gpu02 would pass the breaker's 2 node(s)")
+    assert out.effects == (BreakerOpened(),)
+    old = replace(recent, at=T0 - timedelta(hours=2))
+    past_window = ctx(GPU, job(), history=(old,))
+    assert summary(g.breaker(planned(past_window, "drain"), past_window))[0][0] == "drain"
+
+
+def test_an_open_breaker_escalates_every_drain_and_opens_nothing_more() -> None:
+    c = ctx(GPU, job(), breaker_open=True)
+    out = g.breaker(planned(c, "drain"), c)
+    assert summary(out) == [("escalate", "circuit_breaker_open", ("gpu02",), ())]
+    assert out.effects == ()
+
+
+def test_one_per_action_keeps_the_first_of_each() -> None:
+    c = ctx(GPU, job())
+    first = replace(planned(c, "drain"), action="escalate", guard="circuit_breaker_open")
+    second = replace(first, guard="retry_budget_exhausted")
+    stop = replace(second, action="stop")
+    assert g.one_per_action([first, stop, second], c) == g.Outcome((first, stop))
+
+
+def test_mode_gives_each_action_its_mode_and_first_state() -> None:
+    c = ctx(GPU, job(), mode="approve", actions={"drain": "enforce"})
+    drain, requeue = planned(c, "drain"), planned(c, "requeue")
+    assert [(d.mode, d.state) for d in g.mode(drain, c).decisions] == [("enforce", "pending")]
+    assert [(d.mode, d.state) for d in g.mode(requeue, c).decisions] == [
+        ("approve", "awaiting_approval")
+    ]
+    refused = replace(requeue, action="none", guard="no_requeue")
+    assert [d.state for d in g.mode(refused, c).decisions] == ["recorded"]
+    # An escalation changes nothing in Slurm and is itself the hand-over to a human: it is
+    # carried out at once (its notice says "needs a human", not "waits for approval").
+    escalate = replace(requeue, action="escalate", guard="retry_budget_exhausted")
+    assert [(d.mode, d.state) for d in g.mode(escalate, c).decisions] == [("approve", "pending")]
+
+
+def test_mode_takes_the_partition_s_modes_first() -> None:
+    policy = {
+        "mode": "approve",
+        "partitions": {"train": {"actions": {"drain": "enforce"}}, "debug": {"mode": "monitor"}},
+    }
+    c = ctx(GPU, job(), **policy)
+    drain, requeue = planned(c, "drain"), planned(c, "requeue")
+    assert [(d.mode, d.partition) for d in g.mode(drain, c).decisions] == [("enforce", "train")]
+    assert [(d.mode, d.partition) for d in g.mode(requeue, c).decisions] == [("approve", "train")]
+    # An idle node takes its only partition's modes; one that serves two, the policy's.
+    for node, want in (("dbg01", ("monitor", "debug")), ("both01", ("approve", None))):
+        idle = ctx(GPU, None, ev=(evidence(node, "gpu_hw"),), **policy)
+        d = replace(drain, job=None, nodes=(node,))
+        assert [(x.mode, x.partition) for x in g.mode(d, idle).decisions] == [want]
+
+
+def test_the_global_switch_makes_every_decision_a_record_and_says_so() -> None:
+    c = ctx(GPU, job(), mode="enforce")
+    c = replace(c, guards=GuardState(monitor_forced=True))
+    (d,) = g.mode(planned(c, "drain"), c).decisions
+    assert (d.mode, d.state, d.guard) == ("monitor", "recorded", "global_switch")
+    assert "the global switch holds every action in monitor mode (policy: enforce)" in d.reason
+    quiet = ctx(GPU, job(), mode="monitor")
+    quiet = replace(quiet, guards=GuardState(monitor_forced=True))
+    assert g.mode(planned(quiet, "drain"), quiet).decisions[0].guard is None
+
+
+def test_a_decision_a_guard_changed_passes_every_later_guard_unchanged() -> None:
+    used = tuple(PastAction(T0 - timedelta(hours=h), "requeue", 7) for h in (1, 2, 3))
+    c = ctx(
+        GPU,
+        job("CANCELLED", requeue=False, comment={"requeue": False}),
+        history=used,
+        breaker_open=True,
+        scope={"partitions": ["debug"]},
+    )
+    for action in ("requeue", "drain"):
+        for guard in ("out_of_scope", "job_running", "retry_budget_exhausted"):
+            changed = replace(planned(c, action), guard=guard)
+            for name, stage in g.PIPELINE[:-2]:
+                assert stage([changed], c) == g.Outcome((changed,)), name
+
+
+# ---- the whole pipeline ---------------------------------------------------------------------
+def test_decide_returns_the_effects_and_changes_no_guard_state() -> None:
+    j = job()
+    before = GuardState(history=[PastAction(T0 - timedelta(hours=1), "requeue", 7)])
+    memory = copy.deepcopy(before)
+    out = g.decide(
+        incident="7.0",
+        attr=GPU,
+        job=j,
+        evidence=[evidence("gpu02", "gpu_hw")],
+        view=view(j),
+        policy=load_policy({}),
+        guards=before,
+        now=T0,
+    )
+    assert before == memory
+    assert summary(out) == [("drain", None, ("gpu02",), ()), ("requeue", None, (), ("gpu02",))]
+    assert [(e.action.action, e.action.job) for e in out.effects if isinstance(e, Counted)] == [
+        ("requeue", 7),
+        ("drain", None),
+    ]
+    before.apply(out.effects)
+    assert before.requeues(7, T0 - timedelta(days=1)) == 2 and before.drained(T0) == {"gpu02"}
+
+
+def test_applying_a_breaker_opening_opens_it() -> None:
+    state = GuardState()
+    state.apply([BreakerOpened()])
+    assert state.breaker_open and state.history == []
+
+
+def test_the_engine_applies_a_decision_s_effects_to_its_guards() -> None:
+    j = job()
+    e = Engine(view=view(j), policy=load_policy({"settle_seconds": 5}))
+    labels = {"alertname": "XidFault", "signal": "gpu_hw", "node": "gpu02", "slurm_job_id": "7"}
+    e.receive(wrap([Alert(status="firing", startsAt=T0, labels=labels)]), T0)
+    made = e.tick(T0 + timedelta(seconds=5))
+    assert {d.action for d in made} == {"drain", "requeue"}
+    assert sorted((h.action, h.incident) for h in e.guards.history) == [
+        ("drain", "7.0"),
+        ("requeue", "7.0"),
+    ]
+
+
+# ---- Job's states: one home ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("state", "base", "flags"),
+    [
+        ("RUNNING", "", {"active"}),
+        ("COMPLETING", "CANCELLED", {"active", "ended_on_purpose"}),
+        ("COMPLETING", "NODE_FAIL", {"active", "failed"}),
+        ("PENDING", "", set()),
+        ("REQUEUED", "", {"has_ended"}),
+        ("COMPLETED", "", {"has_ended", "completed"}),
+        ("FAILED", "", {"has_ended", "interrupted", "failed"}),
+        ("NODE_FAIL", "", {"has_ended", "interrupted", "failed"}),
+        ("TIMEOUT", "", {"has_ended", "interrupted", "ended_on_purpose"}),
+        ("CANCELLED", "", {"has_ended", "interrupted", "ended_on_purpose"}),
+    ],
+)
+def test_a_job_s_state_says_what_it_is(state: str, base: str, flags: set[str]) -> None:
+    j = Job(id=1, nodes=(), state=state, base=base)
+    names = ("active", "has_ended", "interrupted", "failed", "ended_on_purpose", "completed")
+    assert {n for n in names if getattr(j, n)} == flags

@@ -1,0 +1,118 @@
+"""Rule 5's count, kept as evidence arrives, says what counting all the evidence afresh says: at
+every instant, for every node, and in the same words; also when the clock goes back, the
+topology changes or evidence is forgotten."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+from webhook.core.cluster import ClusterView, Job, Node
+from webhook.core.evidence import Evidence
+from webhook.core.policy import SharedCause
+from webhook.core.shared_cause import FailingNodes
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SIGNALS = ("gpu_hw", "node_down", "network", "nccl_timeout", "app_error")
+
+
+def afresh(
+    view: ClusterView, evidence: list[Evidence], rules: SharedCause, now: datetime
+) -> tuple[set[str], str]:
+    """Rule 5 counted from all the evidence: the reference."""
+    failing = {
+        e.node
+        for e in evidence
+        if e.node and e.signal in ("gpu_hw", "node_down", "network") and e.actionable
+        if e.starts_at >= now - rules.window
+    }
+    shared: set[str] = set()
+    why = []
+    for switch, members in sorted(view.switches.items()):
+        down = failing & set(members)
+        if (
+            len(down) >= rules.switch_min_nodes
+            and len(down) / len(members) >= rules.switch_fraction
+        ):
+            shared |= down
+            why.append(f"{len(down)} of the {len(members)} nodes under switch {switch}")
+    jobs = {j.id for n in failing for j in view.jobs_on(n)}
+    if (
+        len(failing) >= rules.cluster_min_nodes
+        and len(failing) >= rules.cluster_fraction * max(1, len(view.nodes))
+        and len(jobs) >= 2
+    ):
+        shared |= failing
+        why.append(f"{len(failing)} nodes across {len(jobs)} jobs")
+    window = int(rules.window.total_seconds())
+    return shared, f"{' and '.join(why)} failed within {window}s" if why else ""
+
+
+def cluster(per_switch: int) -> ClusterView:
+    names = [f"n{i:03d}" for i in range(48)]
+    v = ClusterView(
+        switches={
+            f"leaf{i // per_switch}": tuple(names[i : i + per_switch])
+            for i in range(0, len(names), per_switch)
+        }
+    )
+    for n in names:
+        v.nodes[n] = Node(n, "train")
+    for j in range(12):
+        v.set_job(Job(id=j, nodes=tuple(names[j * 4 : j * 4 + 4]), partition="train"))
+    return v
+
+
+def test_the_kept_count_agrees_with_counting_afresh() -> None:
+    rng = random.Random(5)
+    rules = SharedCause(
+        window=timedelta(minutes=5),
+        switch_fraction=0.3,
+        switch_min_nodes=2,
+        cluster_fraction=0.15,
+        cluster_min_nodes=4,
+    )
+    view = cluster(per_switch=8)
+    failing, evidence = FailingNodes(), []
+    now = T0
+    checked = shared_seen = 0
+    for step in range(600):
+        for _ in range(rng.randrange(3)):
+            e = Evidence(
+                alertname="A",
+                signal=rng.choice(SIGNALS),
+                node=rng.choice([*view.nodes, None]),
+                job=None,
+                fingerprint=f"{step}",
+                starts_at=now + timedelta(seconds=rng.uniform(-400, 60)),
+                received_at=now,
+                problems=() if rng.random() < 0.9 else ("bad",),
+            )
+            evidence.append(e)
+            failing.add(e)
+        # Mostly forward, sometimes back (a replay's clock, a restart).
+        now += timedelta(seconds=rng.choice([5, 20, 60, -120] if step % 50 else [-600]))
+        if step == 300:
+            view = cluster(per_switch=12)  # a new topology
+        verdict = failing.at(now, view, rules)
+        shared, why = afresh(view, evidence, rules, now)
+        assert {n for n in view.nodes if verdict.covers(n)} == shared, step
+        if shared:
+            assert verdict.reason == why, step
+        checked += 1
+        shared_seen += bool(shared)
+    assert checked == 600 and shared_seen > 50  # the shared cause did come up, often
+
+
+def test_forgotten_nodes_no_longer_count() -> None:
+    rules = SharedCause(switch_min_nodes=2, switch_fraction=0.2)
+    view = cluster(per_switch=8)
+    failing = FailingNodes()
+    for i, n in enumerate(("n000", "n001", "n002")):
+        failing.add(
+            Evidence("A", "gpu_hw", n, None, f"{i}", T0, T0),
+        )
+    assert failing.at(T0, view, rules).covers("n001")
+    failing.forget(T0 + timedelta(seconds=1))
+    assert failing.latest == {}
+    assert not failing.at(T0, view, rules).covers("n001")

@@ -1,0 +1,83 @@
+"""`slurmedic trial report`: the trial's record, per cause and action, with readiness lines."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from webhook.cli.common import config_option, ledger_of
+from webhook.core import durations, trial
+from webhook.ledger.review import trial_rows
+
+
+def when(value: str, name: str, now: datetime) -> datetime:
+    """A duration back from now (`7d`, `36h`) or an ISO time (UTC when it names no zone)."""
+    try:
+        return now - durations.parse(value)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration (7d, 36h) nor an ISO time", param_hint=name
+        ) from None
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def render(report: trial.Report, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(trial.as_json(report), indent=2) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(trial.csv_rows(report))
+        return buf.getvalue()
+    return trial.as_markdown(report)
+
+
+@click.group(name="trial")
+def trial_group() -> None:
+    """The trial: how the recommendations compare with what operators would do."""
+
+
+@trial_group.command()
+@config_option
+@click.option("--since", default="7d", show_default=True, help="A duration back or an ISO time.")
+@click.option("--until", "until_", default=None, help="An ISO time (default: now).")
+@click.option("--format", "fmt", type=click.Choice(["md", "csv", "json"]), default="md")
+@click.option(
+    "--min-agreed",
+    type=click.IntRange(1),
+    default=trial.MIN_AGREED,
+    show_default=True,
+    help="Agreed recommendations an action needs on a partition before it is ready.",
+)
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), help="Write it here.")
+def report(
+    config_path: Path | None,
+    since: str,
+    until_: str | None,
+    fmt: str,
+    min_agreed: int,
+    out: Path | None,
+) -> None:
+    """The trial report: recommendations, verdicts, agreement, disagreements with the
+    operator's alternative, what would have been disrupted, fault to recommendation time,
+    recovery outcomes, and a readiness line per action and partition."""
+    now = datetime.now(UTC)
+    start = when(since, "--since", now)
+    end = when(until_, "--until", now) if until_ else now
+    if end <= start:
+        raise click.BadParameter(f"{until_!r} is not after --since", param_hint="--until")
+    rows = trial_rows(ledger_of(config_path), start, end)
+    text = render(trial.report(rows, start, end, min_agreed), fmt)
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    out.write_text(text)
+    click.echo(f"{out}: {len(rows)} recommendation(s)")

@@ -1,0 +1,418 @@
+"""The guards: an ordered pipeline of named stages between the cause table (decisions.plan) and
+the decisions recorded.
+
+Each stage is a pure function of one decision and the incident's `Context`: it returns the
+decision unchanged, or what replaces it (a refusal `none`, a `stop` + `escalate`, an escalation),
+and its effect on the guards' memory (a drain counted in the breaker's window, a requeue spent
+from the job's budget, the breaker opening) instead of changing that memory itself: the engine
+applies the effects, and only when it keeps the decisions (a revision that changes nothing is
+dropped, and so are its effects). A decision a guard has changed (its `guard` set) goes on past
+the guards after it unchanged; the first guard to speak is the one recorded.
+
+Stages read the guards' memory as it was before the incident was decided: one incident plans at
+most one drain and one requeue, so no stage needs another's effect on the same decision.
+
+PIPELINE is the order; docs/operations.md ("The guards, in order") lists the same table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from webhook.core.attribution import Attribution, names
+from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
+from webhook.core.decisions import (
+    BreakerOpened,
+    Counted,
+    Decision,
+    Effect,
+    GuardState,
+    PastAction,
+    died_blameless,
+    first_failing,
+    job_failed,
+    plan,
+    with_mode,
+)
+from webhook.core.disruption import with_disruption
+from webhook.core.evidence import Evidence
+from webhook.core.policy import Policy
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a stage may read about the incident being decided. `guards` is read, never
+    written: a stage says what to change in its Outcome's effects."""
+
+    attr: Attribution
+    job: Job | None
+    evidence: tuple[Evidence, ...]
+    view: ClusterView
+    policy: Policy
+    guards: GuardState
+    now: datetime
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A stage's (or the whole pipeline's) result: decisions, and their effect on the guards."""
+
+    decisions: tuple[Decision, ...]
+    effects: tuple[Effect, ...] = field(default=())
+
+
+# One decision in, what replaces it out.
+Stage = Callable[[Decision, Context], Outcome]
+# The pipeline's steps see every decision at once (at most one per action needs them all).
+Step = Callable[[Sequence[Decision], Context], Outcome]
+
+
+def _keep(d: Decision) -> Outcome:
+    return Outcome((d,))
+
+
+def _planned(d: Decision, *actions: str) -> bool:
+    """A decision as the plan made it (no guard has changed it yet) with one of `actions`."""
+    return d.guard is None and d.action in actions
+
+
+def _bare(d: Decision) -> Decision:
+    """The decision without what its action would touch: the base of what replaces it."""
+    return replace(d, nodes=(), exclude=())
+
+
+def _refuse(d: Decision, guard: str, why: str, ctx: Context) -> Outcome:
+    """Nothing to do, because a guard says so."""
+    refused = replace(_bare(d), action="none", guard=guard, reason=f"{why}; {ctx.attr.reason}")
+    return Outcome((refused,))
+
+
+def _give_up(d: Decision, guard: str, why: str) -> Outcome:
+    """No more restarts: the job is stopped and a human told."""
+    base = replace(_bare(d), guard=guard, reason=why)
+    return Outcome((replace(base, action="stop"), replace(base, action="escalate")))
+
+
+def _in_scope(policy: Policy, partition: str | None) -> bool:
+    return not policy.scope.partitions or partition in policy.scope.partitions
+
+
+def _ended_by_choice(job: Job) -> tuple[str, str] | None:
+    """(guard, why) for a job that completed or that someone ended: scancel, a time limit, a
+    deadline, a preemption. Its alerts that outlive it (its progress stops, its ranks time out)
+    are not a fault to recover from, also while it is still COMPLETING."""
+    if job.ended_on_purpose:
+        ended = job.base if job.base in ENDED_ON_PURPOSE else job.state
+        return "ended_on_purpose", f"job {job.id} ended {ended}"
+    if job.completed:
+        return "job_completed", f"job {job.id} completed"
+    return None
+
+
+# ---- the stages, in PIPELINE's order ---------------------------------------------------------
+def job_running(d: Decision, ctx: Context) -> Outcome:
+    """Act on failures, not symptoms: an application's error on a job that keeps training
+    (nothing fatal logged, no stall, not ended) is left alone, and people are told."""
+    job = ctx.job
+    if not _planned(d, "stop", "requeue") or d.cause != "application" or job is None:
+        return _keep(d)
+    if _ended_by_choice(job) is not None or job_failed(job, ctx.evidence):
+        return _keep(d)
+    why = (
+        f"job {job.id} keeps running: an application's GPU error is a symptom, not a "
+        f"failure; nothing is done until the job fails, and its owner should look. "
+    )
+    told = replace(_bare(d), guard="job_running", reason=why + ctx.attr.reason)
+    return Outcome((replace(told, action="none"), replace(told, action="escalate")))
+
+
+def scope(d: Decision, ctx: Context) -> Outcome:
+    """The policy's partitions: a job outside them is not touched; a drain keeps the nodes of
+    the cluster inside them (a node serving several partitions is in when one of them is)."""
+    if _planned(d, "requeue", "stop") and ctx.job is not None:
+        if not _in_scope(ctx.policy, ctx.job.partition):
+            why = f"job {ctx.job.id} is outside the policy's partitions"
+            return _refuse(d, "out_of_scope", why, ctx)
+    elif _planned(d, "drain"):
+        nodes = tuple(
+            n
+            for n in d.nodes
+            if n in ctx.view.nodes
+            and any(_in_scope(ctx.policy, p) for p in ctx.view.nodes[n].partitions)
+        )
+        if not nodes:
+            why = f"{names(d.nodes)} is outside the policy's partitions"
+            return _refuse(d, "out_of_scope", why, ctx)
+        return _keep(replace(d, nodes=nodes))
+    return _keep(d)
+
+
+def ended_by_choice(d: Decision, ctx: Context) -> Outcome:
+    """Nothing to restart or stop: the job completed, or someone ended it."""
+    ended = _ended_by_choice(ctx.job) if ctx.job is not None else None
+    if _planned(d, "requeue", "stop") and ended is not None:
+        return _refuse(d, *ended, ctx)
+    return _keep(d)
+
+
+def requeue_once(d: Decision, ctx: Context) -> Outcome:
+    """A job that died with nobody to blame is requeued once, noting where it failed first;
+    the same again goes to a human, naming the node when it failed first there again."""
+    job = ctx.job
+    if not _planned(d, "requeue") or job is None or not died_blameless(ctx.attr.cause, job):
+        return _keep(d)
+    first = first_failing(ctx.evidence)
+    where = (
+        f"it failed first on {first.node} ({first.alertname} at "
+        f"{first.starts_at.astimezone(UTC):%H:%M:%SZ})"
+        if first is not None
+        else "no rank named where it failed first"
+    )
+    earlier = ctx.guards.blameless_requeue(job.id, ctx.now - ctx.policy.retry_budget.window)
+    since = ctx.guards.memory_since
+    if earlier is None and since is not None and unseen_restart(job, since):
+        why = (
+            f"job {job.id} died with nobody to blame in attempt {job.restarts}, which began "
+            f"before slurmedic's record does ({since.astimezone(UTC):%Y-%m-%d %H:%M:%SZ}): "
+            f"whether it was requeued for this already is not known; {where}; a human must "
+            f"look. {ctx.attr.reason}"
+        )
+        unseen = replace(_bare(d), action="escalate", guard="unseen_restart", reason=why)
+        return Outcome((unseen,))
+    if earlier is None:
+        why = f"job {job.id} ended with nobody to blame; {where}: requeued once. {ctx.attr.reason}"
+        return _keep(replace(d, reason=why))
+    node = first.node if first is not None else None
+    nodes = (node,) if node and node in earlier.nodes else ()
+    why = (
+        f"job {job.id} died again with nobody to blame after a requeue at "
+        f"{earlier.at.astimezone(UTC):%H:%M:%SZ}; {where}"
+        + (f", where the last failure began too: {node} is implicated" if nodes else "")
+        + f"; a human must look. {ctx.attr.reason}"
+    )
+    again = replace(_bare(d), action="escalate", nodes=nodes, guard="repeated_failure", reason=why)
+    return Outcome((again,))
+
+
+def unseen_restart(job: Job, memory_since: datetime) -> bool:
+    """Slurm restarted the job before the guards' record begins (a new ledger, a lost one):
+    the requeue `requeue_once` counts may have happened, and is not in the history."""
+    return job.restarts > 0 and job.started is not None and job.started < memory_since
+
+
+def no_requeue(d: Decision, ctx: Context) -> Outcome:
+    """A job submitted with --no-requeue is never requeued."""
+    if _planned(d, "requeue") and ctx.job is not None and not ctx.job.requeue:
+        why = f"job {ctx.job.id} was submitted with --no-requeue"
+        return _refuse(d, "no_requeue", why, ctx)
+    return _keep(d)
+
+
+def opt_in_out(d: Decision, ctx: Context) -> Outcome:
+    """The job's comment: an opt-out, or no opt-in when the policy requires one."""
+    job = ctx.job
+    if not _planned(d, "requeue") or job is None:
+        return _keep(d)
+    wants = job.options().get("requeue")
+    if wants is False:
+        return _refuse(d, "opted_out", f"job {job.id} opted out of requeues in its comment", ctx)
+    if ctx.policy.scope.require_opt_in and wants is not True:
+        return _refuse(d, "not_opted_in", f"job {job.id} did not opt in to requeues", ctx)
+    return _keep(d)
+
+
+def no_progress(d: Decision, ctx: Context) -> Outcome:
+    """A job whose last restarts all failed before their first checkpoint: restarting it again
+    only burns GPU-hours."""
+    job = ctx.job
+    if not _planned(d, "requeue") or job is None:
+        return _keep(d)
+    since = ctx.now - ctx.policy.retry_budget.window
+    stalled = ctx.guards.failed_recoveries(job.id, since, before_checkpoint=True)
+    limit = ctx.policy.verify.max_failures_before_checkpoint
+    if stalled < limit:
+        return _keep(d)
+    why = (
+        f"job {job.id}'s last {stalled} restart(s) failed before their first checkpoint "
+        f"(limit {limit}); {ctx.attr.reason}"
+    )
+    return _give_up(d, "no_progress", why)
+
+
+def retry_budget(d: Decision, ctx: Context) -> Outcome:
+    """At most N requeues of a job in the window (a job may ask for fewer, never for more);
+    past that, stop + escalate. A requeue it lets through is spent from the budget."""
+    job = ctx.job
+    if not _planned(d, "requeue") or job is None:
+        return _keep(d)
+    budget = ctx.policy.retry_budget.max_requeues
+    wanted = job.options().get("max_requeues")
+    if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
+        budget = min(budget, wanted)
+    window = ctx.policy.retry_budget.window
+    used = ctx.guards.requeues(job.id, ctx.now - window)
+    if used >= budget:
+        why = (
+            f"job {job.id} was requeued {used} time(s) in the last "
+            f"{int(window.total_seconds())}s (budget {budget}); {ctx.attr.reason}"
+        )
+        return _give_up(d, "retry_budget_exhausted", why)
+    # A requeue nobody could be blamed for remembers where the job failed first (its
+    # PastAction's nodes): requeue_once names that node when the job fails first there again.
+    first = first_failing(ctx.evidence) if died_blameless(ctx.attr.cause, job) else None
+    spent = PastAction(
+        at=ctx.now,
+        action="requeue",
+        job=job.id,
+        nodes=(first.node,) if first is not None and first.node else (),
+        exclude=d.exclude,
+        cause=ctx.attr.cause,
+        incident=d.incident,
+    )
+    return Outcome((d,), (Counted(spent),))
+
+
+def already_drained(d: Decision, ctx: Context) -> Outcome:
+    """Nodes already out of service (an operator's drain, or an alert that outlived the job it
+    hit): nothing to drain, and nothing for the breaker to count. A requeue still excludes them."""
+    if _planned(d, "drain") and all(
+        n in ctx.view.nodes and ctx.view.nodes[n].state.startswith("drain") for n in d.nodes
+    ):
+        return _refuse(d, "already_drained", f"{names(d.nodes)} is already drained", ctx)
+    return _keep(d)
+
+
+def breaker(d: Decision, ctx: Context) -> Outcome:
+    """At most a fraction of the cluster drained in the sliding window; past it (or while the
+    breaker is open) a drain becomes an escalation, until a human resets the breaker."""
+    if not _planned(d, "drain"):
+        return _keep(d)
+    rules = ctx.policy.breaker
+    already = ctx.guards.drained(ctx.now - rules.window)
+    limit = max(1, math.ceil(rules.max_fraction * len(ctx.view.nodes)))
+    new = {n for n in d.nodes if n not in already}
+    if ctx.guards.breaker_open or len(already) + len(new) > limit:
+        why = (
+            f"Draining {names(d.nodes)} would pass the breaker's {limit} node(s) per "
+            f"{int(rules.window.total_seconds())}s; a human must look. {ctx.attr.reason}"
+        )
+        opens: tuple[Effect, ...] = () if ctx.guards.breaker_open else (BreakerOpened(),)
+        return Outcome(
+            (replace(d, action="escalate", guard="circuit_breaker_open", reason=why),), opens
+        )
+    drained = PastAction(
+        at=ctx.now, action="drain", nodes=d.nodes, cause=ctx.attr.cause, incident=d.incident
+    )
+    return Outcome((d,), (Counted(drained),))
+
+
+def mode(d: Decision, ctx: Context) -> Outcome:
+    """The mode the policy gives the action on its partition (monitor records, approve waits
+    for a human, enforce executes), and the state that mode starts in. While the global switch
+    holds everything in monitor mode, the decision is a record (guard `global_switch`)."""
+    decided = with_mode(d, ctx.policy, partition_of(ctx), forced=ctx.guards.monitor_forced)
+    if ctx.guards.monitor_forced and d.action != "none":
+        would = ctx.policy.mode_of(d.action, decided.partition)
+        if would != "monitor":
+            why = f"the global switch holds every action in monitor mode (policy: {would})"
+            decided = replace(
+                decided, guard=d.guard or "global_switch", reason=f"{d.reason}; {why}"
+            )
+    return _keep(decided)
+
+
+def partition_of(ctx: Context) -> str | None:
+    """The partition whose modes a decision takes: its job's; for an idle node, the node's
+    only partition (a node that serves several takes the policy's own modes)."""
+    if ctx.job is not None:
+        return ctx.job.partition or None
+    nodes = {n for e in ctx.evidence if (n := e.node) in ctx.view.nodes}
+    parts = {p for n in nodes for p in ctx.view.nodes[n].partitions}
+    return parts.pop() if len(parts) == 1 else None
+
+
+# ---- the pipeline ----------------------------------------------------------------------------
+def each(stage: Stage) -> Step:
+    """A stage applied to every decision in turn, in their order."""
+
+    def step(decisions: Sequence[Decision], ctx: Context) -> Outcome:
+        out: list[Decision] = []
+        effects: list[Effect] = []
+        for d in decisions:
+            result = stage(d, ctx)
+            out += result.decisions
+            effects += result.effects
+        return Outcome(tuple(out), tuple(effects))
+
+    return step
+
+
+def one_per_action(decisions: Sequence[Decision], ctx: Context) -> Outcome:
+    """At most one decision per action, the first: four GPUs failing on one node is one drain,
+    and an escalation the breaker made is not repeated by the job's."""
+    seen: set[str] = set()
+    out = []
+    for d in decisions:
+        if d.action not in seen:
+            seen.add(d.action)
+            out.append(d)
+    return Outcome(tuple(out))
+
+
+PIPELINE: tuple[tuple[str, Step], ...] = (
+    ("job_running", each(job_running)),
+    ("scope", each(scope)),
+    ("ended_by_choice", each(ended_by_choice)),
+    ("requeue_once", each(requeue_once)),
+    ("no_requeue", each(no_requeue)),
+    ("opt_in_out", each(opt_in_out)),
+    ("no_progress", each(no_progress)),
+    ("retry_budget", each(retry_budget)),
+    ("already_drained", each(already_drained)),
+    ("breaker", each(breaker)),
+    ("one_per_action", one_per_action),
+    ("mode", each(mode)),
+)
+
+
+def run(decisions: Sequence[Decision], ctx: Context) -> Outcome:
+    """Every step of PIPELINE in order; the effects of all of them."""
+    effects: list[Effect] = []
+    for _, step in PIPELINE:
+        result = step(decisions, ctx)
+        decisions = result.decisions
+        effects += result.effects
+    return Outcome(tuple(decisions), tuple(effects))
+
+
+def decide(
+    *,
+    incident: str,
+    attr: Attribution,
+    job: Job | None,
+    evidence: Sequence[Evidence],
+    view: ClusterView,
+    policy: Policy,
+    guards: GuardState,
+    now: datetime,
+) -> Outcome:
+    """The incident's decisions (the plan, through every guard) and their effects on `guards`,
+    which it only reads."""
+    base = Decision(
+        at=now,
+        incident=incident,
+        job=job.id if job else None,
+        action="none",
+        cause=attr.cause,
+        reason=attr.reason,
+        evidence=tuple(e.record() for e in evidence if e.actionable),
+    )
+    evidence = tuple(evidence)
+    ctx = Context(attr, job, evidence, view, policy, guards, now)
+    out = run(plan(base, attr, job), ctx)
+    # What each would disrupt, as the view says now: the trial report's measure of harm.
+    measured = tuple(with_disruption(d, job, view, now) for d in out.decisions)
+    return Outcome(measured, out.effects)

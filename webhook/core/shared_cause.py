@@ -1,0 +1,179 @@
+"""Rule 5's input, kept as evidence arrives: which nodes have hardware evidence that started
+within the shared-cause window, counted per switch.
+
+Asked of the whole evidence at every decision, "does a shared cause cover this node?" costs what
+the cluster has ever said, so a storm got slower with every alert. Here a node enters the window
+when its hardware evidence arrives and leaves it once, when the window has moved past its latest
+start; a decision costs what its own nodes do.
+
+A node counts while its latest hardware evidence started at or after `now - window` (later
+starts count too: an alert may say it started after the instant a decision is made for).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from datetime import datetime
+
+from webhook.core.cluster import ClusterView
+from webhook.core.evidence import Evidence
+from webhook.core.policy import SharedCause
+from webhook.core.signals import HARDWARE
+
+
+class FailingNodes:
+    """The nodes with hardware evidence, by the latest start of it, and the window's count of
+    them per switch, as of the last `at`."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, datetime] = {}
+        self._cutoff: datetime | None = None
+        self._window: set[str] = set()  # nodes whose latest start is >= the cutoff
+        # (latest start, node) of the nodes in the window; entries a later start replaced stay
+        # behind and are skipped when they come up.
+        self._heap: list[tuple[datetime, str]] = []
+        # The topology the counts were made against (a new view brings a new one).
+        self._switches: dict[str, tuple[str, ...]] | None = None
+        self._switches_of: dict[str, list[str]] = {}
+        self._size: dict[str, int] = {}
+        self._count: Counter[str] = Counter()
+        self._rules: SharedCause | None = None
+        self._qualifying: set[str] = set()  # switches most of whose nodes failed
+
+    def add(self, ev: Evidence) -> None:
+        if not (ev.node and ev.signal in HARDWARE and ev.actionable):
+            return
+        last = self.latest.get(ev.node)
+        if last is not None and last >= ev.starts_at:
+            return
+        self.latest[ev.node] = ev.starts_at
+        if self._cutoff is None or ev.starts_at >= self._cutoff:
+            heapq.heappush(self._heap, (ev.starts_at, ev.node))
+            self._enter(ev.node)
+
+    def at(self, now: datetime, view: ClusterView, rules: SharedCause) -> SharedCauses:
+        """Rule 5's verdict at `now`; it holds until evidence is added again."""
+        if view.switches is not self._switches:
+            # A new view (every refresh) mostly brings the same topology: count afresh only
+            # when it changed.
+            if view.switches != self._switches:
+                self._topology(view.switches)
+            self._switches = view.switches
+        if rules is not self._rules:
+            self._rules = rules
+            self._qualifying = {s for s in self._count if self._qualifies(s)}
+        cutoff = now - rules.window
+        if self._cutoff is None or cutoff < self._cutoff:
+            self._refill(cutoff)  # the first look, or the clock went back: count afresh
+        else:
+            self._cutoff = cutoff
+            while self._heap and self._heap[0][0] < cutoff:
+                start, node = heapq.heappop(self._heap)
+                if self.latest.get(node) == start:
+                    self._leave(node)
+        return SharedCauses(self, view, rules)
+
+    def forget(self, before: datetime) -> None:
+        """Retention: nodes whose hardware evidence all started before `before` are forgotten
+        (`before` is older than any window: they would leave it at the next look)."""
+        for node, start in list(self.latest.items()):
+            if start < before:
+                if node in self._window:
+                    self._leave(node)
+                del self.latest[node]
+
+    # ---- the counts ---------------------------------------------------------------------
+    def _topology(self, switches: dict[str, tuple[str, ...]]) -> None:
+        self._switches = switches
+        self._switches_of = {}
+        for switch, members in switches.items():
+            for node in set(members):
+                self._switches_of.setdefault(node, []).append(switch)
+        self._size = {s: len(members) for s, members in switches.items()}
+        self._recount()
+
+    def _refill(self, cutoff: datetime) -> None:
+        self._cutoff = cutoff
+        self._window = {n for n, start in self.latest.items() if start >= cutoff}
+        self._heap = [(self.latest[n], n) for n in self._window]
+        heapq.heapify(self._heap)
+        self._recount()
+
+    def _recount(self) -> None:
+        self._count = Counter(s for n in self._window for s in self._switches_of.get(n, ()))
+        self._qualifying = {s for s in self._count if self._qualifies(s)}
+
+    def _qualifies(self, switch: str) -> bool:
+        rules, down = self._rules, self._count[switch]
+        return (
+            rules is not None
+            and down >= rules.switch_min_nodes
+            and down / self._size[switch] >= rules.switch_fraction
+        )
+
+    def _enter(self, node: str) -> None:
+        if node in self._window:
+            return
+        self._window.add(node)
+        for s in self._switches_of.get(node, ()):
+            self._count[s] += 1
+            if self._qualifies(s):
+                self._qualifying.add(s)
+
+    def _leave(self, node: str) -> None:
+        self._window.discard(node)
+        for s in self._switches_of.get(node, ()):
+            self._count[s] -= 1
+            if not self._count[s]:
+                del self._count[s]
+            if not self._qualifies(s):
+                self._qualifying.discard(s)
+
+
+class SharedCauses:
+    """Rule 5 at one instant: whether a shared cause covers a node, and a sentence saying which
+    (many nodes across jobs at once, or most of a switch)."""
+
+    def __init__(self, failing: FailingNodes, view: ClusterView, rules: SharedCause) -> None:
+        self._failing, self._view, self._rules = failing, view, rules
+        self._jobs: int | None = None
+        self._reason: str | None = None
+
+    @property
+    def cluster_wide(self) -> bool:
+        down, rules = len(self._failing._window), self._rules
+        return (
+            down >= rules.cluster_min_nodes
+            and down >= rules.cluster_fraction * max(1, len(self._view.nodes))
+            and self.jobs >= 2
+        )
+
+    @property
+    def jobs(self) -> int:
+        """The jobs running on the failing nodes (counted once per verdict, only when asked)."""
+        if self._jobs is None:
+            self._jobs = len({j.id for n in self._failing._window for j in self._view.jobs_on(n)})
+        return self._jobs
+
+    def covers(self, node: str) -> bool:
+        failing = self._failing
+        if node not in failing._window:
+            return False
+        return any(s in failing._qualifying for s in failing._switches_of.get(node, ())) or (
+            self.cluster_wide
+        )
+
+    @property
+    def reason(self) -> str:
+        if self._reason is None:
+            failing = self._failing
+            why = [
+                f"{failing._count[s]} of the {failing._size[s]} nodes under switch {s}"
+                for s in sorted(failing._qualifying)
+            ]
+            if self.cluster_wide:
+                why.append(f"{len(failing._window)} nodes across {self.jobs} jobs")
+            window = int(self._rules.window.total_seconds())
+            self._reason = f"{' and '.join(why)} failed within {window}s" if why else ""
+        return self._reason

@@ -1,0 +1,58 @@
+"""The `signal` vocabulary: the label every alert meant for slurmedic carries, and what each
+value is evidence of. This is the one list. The core derives its sets from it, and the tests
+hold the rule files and Alertmanager's route to it, so a new alert with an existing signal needs
+nothing here or anywhere else in the core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(Enum):
+    HARDWARE = "hardware"  # evidence against a node itself (attribution rule 1)
+    APPLICATION = "application"  # the application's fault, unless hardware says otherwise
+    TIMEOUT = "timeout"  # a rank waited for a peer: names the waiter, not the culprit
+    HANG = "hang"  # the job stopped making progress
+    STRAGGLER = "straggler"  # a node persistently slower than its peers
+
+
+@dataclass(frozen=True)
+class Signal:
+    name: str
+    kind: Kind
+    cause: str = ""  # hardware: the cause it points to
+    # Evidence that the job has failed, not only shown a symptom (a fatal error, a stall): an
+    # application XID is a symptom the job may well survive.
+    failed: bool = False
+
+
+# Within a kind, strongest first: the first hardware signal of an incident names its cause.
+VOCABULARY = (
+    Signal("gpu_hw", Kind.HARDWARE, cause="gpu_hardware"),
+    Signal("node_down", Kind.HARDWARE, cause="node_failure"),
+    Signal("network", Kind.HARDWARE, cause="network"),
+    Signal("gpu_app", Kind.APPLICATION),
+    Signal("app_error", Kind.APPLICATION, failed=True),
+    Signal("nccl_timeout", Kind.TIMEOUT),
+    Signal("hang", Kind.HANG, failed=True),
+    Signal("straggler", Kind.STRAGGLER),
+)
+
+
+def of_kind(*kinds: Kind) -> tuple[str, ...]:
+    """The signals of these kinds, in the vocabulary's order (strongest first)."""
+    return tuple(s.name for s in VOCABULARY if s.kind in kinds)
+
+
+SIGNALS = frozenset(s.name for s in VOCABULARY)
+# Hardware signal to the cause it points to, strongest first.
+HARDWARE = {s.name: s.cause for s in VOCABULARY if s.kind is Kind.HARDWARE}
+APPLICATION = of_kind(Kind.APPLICATION)
+TIMEOUT = of_kind(Kind.TIMEOUT)
+HANG = of_kind(Kind.HANG)
+STRAGGLER = of_kind(Kind.STRAGGLER)
+# Evidence that can only say "the job stalled": it names no node by itself.
+STALL = frozenset((*HANG, *TIMEOUT))
+FAILURE_SIGNALS = frozenset(s.name for s in VOCABULARY if s.failed)

@@ -1,0 +1,340 @@
+"""The trial report: how slurmedic's recommendations compare with what operators would do.
+
+A careful site runs slurmedic in monitor or approve mode first, records a verdict on every
+recommendation, and widens its permissions per action and partition once the record shows
+reliable behaviour. This module turns the record into that report: pure, over plain rows.
+
+A disagreement is *harmful* when the operator would have done less than slurmedic recommended
+(drained a node they would have left in service, stopped a job they would have requeued): in
+enforce mode it would have disrupted work. One where the operator would have done more (slurmedic
+escalated, they would have drained) is a miss, not harm.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from webhook.core.decisions import JOB_ACTIONS
+
+# How much an action disrupts work (what a harmful disagreement compares).
+DISRUPTION = {"none": 0, "escalate": 0, "resume": 1, "drain": 2, "requeue": 2, "stop": 3}
+# No judgement below this many agreed recommendations makes an action ready.
+MIN_AGREED = 10
+READY_AGREEMENT = 0.95
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One recommendation, with its operator's latest verdict (None: not judged yet)."""
+
+    decision_id: int
+    incident: str
+    at: datetime
+    action: str
+    cause: str
+    mode: str
+    state: str
+    partition: str | None
+    nodes: tuple[str, ...]
+    job: int | None
+    fault_at: datetime | None
+    verdict: str | None = None
+    would: str | None = None
+    note: str = ""
+    by: str = ""
+    recovery: str | None = None  # requeues: recovered | failed | unverified | watching
+    # What it would disrupt (webhook/core/disruption.py): GPUs drained or interrupted, and a
+    # requeue's or stop's GPU-hours of the attempt so far (None: not known).
+    gpus: int = 0
+    gpu_hours: float | None = None
+
+
+@dataclass
+class Group:
+    """The figures of one (cause, action)."""
+
+    cause: str
+    action: str
+    recommendations: int = 0
+    agree: int = 0
+    disagree: int = 0
+    unsure: int = 0
+    harmful: int = 0
+    nodes: set[str] = field(default_factory=set)
+    jobs: set[int] = field(default_factory=set)
+    latencies: list[float] = field(default_factory=list)
+    recoveries: dict[str, int] = field(default_factory=dict)
+    disagreements: list[Judged] = field(default_factory=list)
+    # Summed over its recommendations; `harmful_` over the harmful disagreements alone (what
+    # enforce mode would have disrupted for nothing).
+    gpus: int = 0
+    gpu_hours: float = 0.0
+    harmful_gpus: int = 0
+    harmful_gpu_hours: float = 0.0
+
+    @property
+    def judged(self) -> int:
+        return self.agree + self.disagree + self.unsure
+
+    @property
+    def agreement(self) -> float | None:
+        return self.agree / self.judged if self.judged else None
+
+    def latency(self, q: float) -> float | None:
+        """The q-quantile of fault-to-recommendation seconds (None: no fault time known)."""
+        if not self.latencies:
+            return None
+        if len(self.latencies) == 1:
+            return self.latencies[0]
+        cuts = statistics.quantiles(self.latencies, n=100, method="inclusive")
+        return cuts[min(98, max(0, round(q * 100) - 1))]
+
+
+@dataclass(frozen=True)
+class Readiness:
+    action: str
+    partition: str  # "*": decisions of no partition
+    agreed: int
+    judged: int
+    harmful: int
+    ready: bool
+    line: str
+
+
+@dataclass(frozen=True)
+class Report:
+    since: datetime
+    until: datetime
+    groups: list[Group]
+    readiness: list[Readiness]
+    recommendations: int
+    judged: int
+
+
+def harmful(j: Judged) -> bool:
+    return (
+        j.verdict == "disagree"
+        and j.would is not None
+        and DISRUPTION.get(j.would, 0) < DISRUPTION.get(j.action, 0)
+    )
+
+
+def report(
+    rows: list[Judged], since: datetime, until: datetime, min_agreed: int = MIN_AGREED
+) -> Report:
+    groups: dict[tuple[str, str], Group] = {}
+    per_action: dict[tuple[str, str], list[Judged]] = defaultdict(list)
+    for j in rows:
+        g = groups.setdefault((j.cause, j.action), Group(j.cause, j.action))
+        g.recommendations += 1
+        if j.verdict == "agree":
+            g.agree += 1
+        elif j.verdict == "disagree":
+            g.disagree += 1
+            g.disagreements.append(j)
+            if harmful(j):
+                g.harmful += 1
+                g.harmful_gpus += j.gpus
+                g.harmful_gpu_hours += j.gpu_hours or 0.0
+        elif j.verdict == "unsure":
+            g.unsure += 1
+        if j.action == "drain":
+            g.nodes.update(j.nodes)
+        if j.action in JOB_ACTIONS and j.job is not None:
+            g.jobs.add(j.job)
+        g.gpus += j.gpus
+        g.gpu_hours += j.gpu_hours or 0.0
+        if j.fault_at is not None:
+            g.latencies.append(max(0.0, (j.at - j.fault_at).total_seconds()))
+        if j.recovery:
+            g.recoveries[j.recovery] = g.recoveries.get(j.recovery, 0) + 1
+        if DISRUPTION.get(j.action, 0) > 0:
+            per_action[(j.action, j.partition or "*")].append(j)
+    readiness = [
+        _readiness(action, partition, found, min_agreed)
+        for (action, partition), found in sorted(per_action.items())
+    ]
+    ordered = sorted(groups.values(), key=lambda g: (g.cause, g.action))
+    judged = sum(g.judged for g in ordered)
+    return Report(since, until, ordered, readiness, len(rows), judged)
+
+
+def _readiness(action: str, partition: str, rows: list[Judged], min_agreed: int) -> Readiness:
+    agreed = sum(j.verdict == "agree" for j in rows)
+    judged = sum(j.verdict is not None for j in rows)
+    bad = sum(harmful(j) for j in rows)
+    where = f"{action} on partition {partition}" if partition != "*" else f"{action} (no partition)"
+    head = f"{where}: {agreed} agreed of {judged} judged, {bad} harmful disagreement(s)"
+    if bad:
+        verdict, ready = "not ready: look at the harmful disagreements first", False
+    elif agreed < min_agreed:
+        verdict, ready = f"not enough agreed yet ({agreed} of {min_agreed})", False
+    elif agreed / judged < READY_AGREEMENT:
+        share = f"{agreed / judged:.0%}"
+        verdict, ready = f"agreement {share} is below {READY_AGREEMENT:.0%}", False
+    else:
+        verdict, ready = "ready to enforce", True
+    return Readiness(action, partition, agreed, judged, bad, ready, f"{head}: {verdict}")
+
+
+# ---- formats ------------------------------------------------------------------------------
+def _seconds(v: float | None) -> str:
+    return "" if v is None else f"{v:.0f}s"
+
+
+def as_json(r: Report) -> dict[str, Any]:
+    return {
+        "since": r.since.isoformat(),
+        "until": r.until.isoformat(),
+        "recommendations": r.recommendations,
+        "judged": r.judged,
+        "groups": [
+            {
+                "cause": g.cause,
+                "action": g.action,
+                "recommendations": g.recommendations,
+                "agree": g.agree,
+                "disagree": g.disagree,
+                "unsure": g.unsure,
+                "unjudged": g.recommendations - g.judged,
+                "agreement": g.agreement,
+                "harmful": g.harmful,
+                "nodes_drained": sorted(g.nodes),
+                "jobs": sorted(g.jobs),
+                "gpus": g.gpus,
+                "gpu_hours": round(g.gpu_hours, 3),
+                "harmful_gpus": g.harmful_gpus,
+                "harmful_gpu_hours": round(g.harmful_gpu_hours, 3),
+                "fault_to_recommendation_p50_seconds": g.latency(0.5),
+                "fault_to_recommendation_p90_seconds": g.latency(0.9),
+                "recoveries": dict(sorted(g.recoveries.items())),
+                "disagreements": [
+                    {
+                        "decision": j.decision_id,
+                        "incident": j.incident,
+                        "would": j.would,
+                        "by": j.by,
+                        "note": j.note,
+                        "harmful": harmful(j),
+                        "gpus": j.gpus,
+                        "gpu_hours": None if j.gpu_hours is None else round(j.gpu_hours, 3),
+                    }
+                    for j in g.disagreements
+                ],
+            }
+            for g in r.groups
+        ],
+        "readiness": [
+            {
+                "action": x.action,
+                "partition": x.partition,
+                "agreed": x.agreed,
+                "judged": x.judged,
+                "harmful": x.harmful,
+                "ready": x.ready,
+                "line": x.line,
+            }
+            for x in r.readiness
+        ],
+    }
+
+
+CSV_COLUMNS = (
+    "cause",
+    "action",
+    "recommendations",
+    "agree",
+    "disagree",
+    "unsure",
+    "unjudged",
+    "agreement",
+    "harmful",
+    "nodes_drained",
+    "jobs",
+    "gpus",
+    "gpu_hours",
+    "harmful_gpus",
+    "harmful_gpu_hours",
+    "fault_to_recommendation_p50_seconds",
+    "fault_to_recommendation_p90_seconds",
+    "recovered",
+    "recovery_failed",
+)
+
+
+def csv_rows(r: Report) -> list[list[str]]:
+    out = [list(CSV_COLUMNS)]
+    for g in r.groups:
+        agreement = "" if g.agreement is None else f"{g.agreement:.3f}"
+        p50, p90 = g.latency(0.5), g.latency(0.9)
+        out.append(
+            [
+                g.cause,
+                g.action,
+                str(g.recommendations),
+                str(g.agree),
+                str(g.disagree),
+                str(g.unsure),
+                str(g.recommendations - g.judged),
+                agreement,
+                str(g.harmful),
+                str(len(g.nodes)),
+                str(len(g.jobs)),
+                str(g.gpus),
+                f"{g.gpu_hours:.2f}",
+                str(g.harmful_gpus),
+                f"{g.harmful_gpu_hours:.2f}",
+                "" if p50 is None else f"{p50:.1f}",
+                "" if p90 is None else f"{p90:.1f}",
+                str(g.recoveries.get("recovered", 0)),
+                str(g.recoveries.get("failed", 0)),
+            ]
+        )
+    return out
+
+
+def as_markdown(r: Report) -> str:
+    lines = [
+        f"# Trial report, {r.since:%Y-%m-%d %H:%M} to {r.until:%Y-%m-%d %H:%M} UTC",
+        "",
+        f"{r.recommendations} recommendations, {r.judged} judged.",
+        "",
+        "## Readiness",
+        "",
+        *([f"- {x.line}" for x in r.readiness] or ["- nothing recommended yet"]),
+        "",
+        "## By cause and action",
+        "",
+        "| cause | action | recommended | agree | disagree | unsure | agreement | harmful "
+        "| nodes drained | jobs | GPUs | GPU-hours | harmful: GPUs, GPU-hours "
+        "| fault → recommendation p50 / p90 | recoveries |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for g in r.groups:
+        agreement = "—" if g.agreement is None else f"{g.agreement:.0%}"
+        rec = ", ".join(f"{k} {v}" for k, v in sorted(g.recoveries.items())) or "—"
+        lines.append(
+            f"| {g.cause} | {g.action} | {g.recommendations} | {g.agree} | {g.disagree} "
+            f"| {g.unsure} | {agreement} | {g.harmful} | {len(g.nodes)} | {len(g.jobs)} "
+            f"| {g.gpus} | {g.gpu_hours:.1f} | {g.harmful_gpus}, {g.harmful_gpu_hours:.1f} "
+            f"| {_seconds(g.latency(0.5))} / {_seconds(g.latency(0.9))} | {rec} |"
+        )
+    dis = [(g, j) for g in r.groups for j in g.disagreements]
+    lines += ["", "## Disagreements", ""]
+    if not dis:
+        lines.append("None.")
+    for g, j in dis:
+        flag = " (harmful)" if harmful(j) else ""
+        if j.gpus:
+            hours = f", {j.gpu_hours:.1f} GPU-hours" if j.gpu_hours is not None else ""
+            flag += f" [{j.gpus} GPUs{hours}]"
+        note = f": {j.note}" if j.note else ""
+        lines.append(
+            f"- decision {j.decision_id} ({j.incident}): slurmedic {g.action} for {g.cause}, "
+            f"{j.by} would {j.would}{flag}{note}"
+        )
+    return "\n".join(lines) + "\n"

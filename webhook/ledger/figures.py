@@ -1,0 +1,64 @@
+"""What /metrics reads from the ledger at scrape time, as plain values (no rows, no session)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class DecisionCount:
+    """How many decisions of one kind are in one state now."""
+
+    action: str
+    cause: str
+    mode: str
+    state: str
+    n: int
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """How many times decisions of one action reached one final state (executed, failed)."""
+
+    action: str
+    state: str
+    n: int
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One of the engine's decisions: when its fault began, when it was decided, and when it
+    was executed (None: not, or not yet)."""
+
+    action: str
+    fault_at: datetime
+    decided_at: datetime
+    executed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    state: str
+    restored_seconds: float | None
+    work_lost_seconds: float | None
+
+
+@dataclass(frozen=True)
+class VerdictCount:
+    """How many decisions of one action have this as their operator's latest verdict."""
+
+    action: str
+    verdict: str
+    n: int
+
+
+@dataclass(frozen=True)
+class Figures:
+    decisions: list[DecisionCount]
+    outcomes: list[Outcomes]
+    timings: list[Timing]
+    recoveries: list[Recovery]
+    waiting_since: list[datetime]  # when each decision awaiting approval was decided
+    verdicts: list[VerdictCount]
+    open_escalations: int  # escalations nobody has recorded a verdict on

@@ -1,0 +1,274 @@
+"""What the review console and the trial read from the ledger, and the verdicts they write.
+
+Incidents are listed newest first, filtered and paged in SQL (a trial of months holds tens of
+thousands of decisions); an incident's page reads its decisions, their events and verdicts in
+three queries.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, String, cast, func, or_, select
+
+from webhook.core.lifecycle import AWAITING_APPROVAL, SUPERSEDED, IllegalTransition
+from webhook.core.notices import Open
+from webhook.core.trial import Judged
+from webhook.core.verdicts import OperatorVerdict
+from webhook.ledger.schema import (
+    AlertRow,
+    DecisionEvent,
+    DecisionRow,
+    IncidentRow,
+    RecoveryRow,
+    VerdictRow,
+)
+from webhook.ledger.store import Ledger, _utc
+
+
+@dataclass(frozen=True)
+class IncidentFilter:
+    """Every field narrows the list; None (or empty) leaves it open."""
+
+    state: str | None = None
+    cause: str | None = None
+    action: str | None = None
+    mode: str | None = None
+    job: int | None = None
+    partition: str | None = None
+    node: str | None = None  # drained, or excluded from the requeue
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+@dataclass(frozen=True)
+class IncidentPage:
+    keys: list[str]  # newest first
+    total: int  # incidents that match, on every page
+
+
+@dataclass(frozen=True)
+class IncidentRecord:
+    incident: IncidentRow | None
+    decisions: list[DecisionRow]
+    events: dict[int, list[DecisionEvent]]
+    verdicts: dict[int, list[VerdictRow]]
+    # A requeue's verification: watching, recovered, failed, unverified (None: no requeue).
+    recovery: RecoveryRow | None = None
+
+
+def _where(f: IncidentFilter) -> list[ColumnElement[bool]]:
+    clauses: list[ColumnElement[bool]] = []
+    for column, value in (
+        (DecisionRow.state, f.state),
+        (DecisionRow.cause, f.cause),
+        (DecisionRow.action, f.action),
+        (DecisionRow.mode, f.mode),
+        (DecisionRow.job, f.job),
+        (DecisionRow.partition, f.partition),
+    ):
+        if value is not None and value != "":
+            clauses.append(column == value)
+    if f.node:
+        # The node lists are JSON arrays of valid node names: the quoted name matches one whole.
+        quoted = f'%"{f.node}"%'
+        nodes, exclude = cast(DecisionRow.nodes, String), cast(DecisionRow.exclude, String)
+        clauses.append(or_(nodes.like(quoted), exclude.like(quoted)))
+    if f.since is not None:
+        clauses.append(DecisionRow.at >= f.since)
+    if f.until is not None:
+        clauses.append(DecisionRow.at < f.until)
+    return clauses
+
+
+def incident_page(ledger: Ledger, f: IncidentFilter, offset: int, limit: int) -> IncidentPage:
+    """The incidents with a decision that matches, newest (latest decision) first."""
+    latest = func.max(DecisionRow.id)
+    with ledger.session() as s:
+        base = select(DecisionRow.incident).where(*_where(f)).group_by(DecisionRow.incident)
+        total = s.scalar(select(func.count()).select_from(base.subquery())) or 0
+        keys = s.scalars(base.order_by(latest.desc()).offset(offset).limit(limit)).all()
+    return IncidentPage(list(keys), total)
+
+
+def decisions_of(ledger: Ledger, incidents: Sequence[str]) -> dict[str, list[DecisionRow]]:
+    with ledger.session() as s:
+        rows = s.scalars(
+            select(DecisionRow).where(DecisionRow.incident.in_(incidents)).order_by(DecisionRow.id)
+        ).all()
+    found: dict[str, list[DecisionRow]] = defaultdict(list)
+    for r in rows:
+        found[r.incident].append(r)
+    return found
+
+
+def incident_record(ledger: Ledger, key: str) -> IncidentRecord | None:
+    with ledger.session() as s:
+        decisions = list(
+            s.scalars(
+                select(DecisionRow).where(DecisionRow.incident == key).order_by(DecisionRow.id)
+            ).all()
+        )
+        if not decisions:
+            return None
+        ids = [d.id for d in decisions]
+        events: dict[int, list[DecisionEvent]] = defaultdict(list)
+        for e in s.scalars(
+            select(DecisionEvent)
+            .where(DecisionEvent.decision_id.in_(ids))
+            .order_by(DecisionEvent.id)
+        ):
+            events[e.decision_id].append(e)
+        verdicts: dict[int, list[VerdictRow]] = defaultdict(list)
+        for v in s.scalars(
+            select(VerdictRow).where(VerdictRow.decision_id.in_(ids)).order_by(VerdictRow.id)
+        ):
+            verdicts[v.decision_id].append(v)
+        return IncidentRecord(
+            s.get(IncidentRow, key), decisions, events, verdicts, s.get(RecoveryRow, key)
+        )
+
+
+def waiting_since(ledger: Ledger, states: Sequence[str]) -> list[DecisionRow]:
+    """Decisions in `states` (the approval queue), oldest first."""
+    with ledger.session() as s:
+        return list(
+            s.scalars(
+                select(DecisionRow).where(DecisionRow.state.in_(states)).order_by(DecisionRow.at)
+            ).all()
+        )
+
+
+def add_verdict(ledger: Ledger, decision_id: int, v: OperatorVerdict, at: datetime) -> int:
+    """Append a verdict; KeyError when the decision is not in the ledger."""
+    with ledger.session.begin() as s:
+        if s.get(DecisionRow, decision_id) is None:
+            raise KeyError(decision_id)
+        row = VerdictRow(
+            decision_id=decision_id, at=at, by=v.by, verdict=v.verdict, would=v.would, note=v.note
+        )
+        s.add(row)
+        s.flush()
+        return row.id
+
+
+def verdicts_of(ledger: Ledger, decision_ids: Sequence[int]) -> dict[int, list[VerdictRow]]:
+    with ledger.session() as s:
+        found: dict[int, list[VerdictRow]] = defaultdict(list)
+        for v in s.scalars(
+            select(VerdictRow)
+            .where(VerdictRow.decision_id.in_(decision_ids))
+            .order_by(VerdictRow.id)
+        ):
+            found[v.decision_id].append(v)
+        return found
+
+
+class NotWaiting(ValueError):
+    """A decision a human cannot approve or reject (any more); the message says why."""
+
+
+def judge(
+    ledger: Ledger, decision_id: int, state: str, detail: dict[str, str], at: datetime
+) -> DecisionRow:
+    """Approve or reject a decision that awaits approval (`state`: approved | rejected)."""
+    found = ledger.decision(decision_id)
+    if found is None:
+        raise NotWaiting(f"decision {decision_id} is not in the ledger")
+    row = found[0]
+    if row.state != AWAITING_APPROVAL:
+        raise NotWaiting(f"decision {decision_id} is {row.state}, not {AWAITING_APPROVAL}")
+    try:
+        ledger.add_event(decision_id, state, detail, at)
+    except IllegalTransition as e:  # superseded or moved on since it was read
+        raise NotWaiting(f"decision {decision_id}: {e}") from e
+    return row
+
+
+def alerts_by_fingerprint(ledger: Ledger, fingerprints: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The latest stored event of each alert (labels, annotations, generatorURL)."""
+    with ledger.session() as s:
+        found: dict[str, dict[str, Any]] = {}
+        for a in s.scalars(
+            select(AlertRow).where(AlertRow.fingerprint.in_(fingerprints)).order_by(AlertRow.id)
+        ):
+            found[a.fingerprint] = a.alert
+        return found
+
+
+def needs_human(ledger: Ledger, since: datetime) -> list[Open]:
+    """Decisions that wait for a human: approvals, and escalations since `since` that nobody
+    has recorded a verdict on yet."""
+    judged = select(VerdictRow.decision_id)
+    with ledger.session() as s:
+        rows = s.scalars(
+            select(DecisionRow)
+            .where(
+                or_(
+                    DecisionRow.state == AWAITING_APPROVAL,
+                    (DecisionRow.action == "escalate")
+                    & (DecisionRow.state != SUPERSEDED)
+                    & (DecisionRow.at >= since)
+                    & DecisionRow.id.not_in(judged),
+                )
+            )
+            .order_by(DecisionRow.id)
+        ).all()
+        return [
+            Open(r.id, r.incident, r.job, r.action, r.cause, r.guard, r.state, r.reason, _utc(r.at))
+            for r in rows
+        ]
+
+
+def trial_rows(ledger: Ledger, since: datetime, until: datetime) -> list[Judged]:
+    """Every recommendation decided in [since, until) (superseded ones and `none` left out),
+    with its latest verdict and, for a requeue, what became of the recovery."""
+    latest = select(func.max(VerdictRow.id)).group_by(VerdictRow.decision_id)
+    with ledger.session() as s:
+        verdicts = {
+            v.decision_id: v for v in s.scalars(select(VerdictRow).where(VerdictRow.id.in_(latest)))
+        }
+        decisions = s.scalars(
+            select(DecisionRow)
+            .where(DecisionRow.at >= since, DecisionRow.at < until)
+            .where(DecisionRow.state != SUPERSEDED, DecisionRow.action != "none")
+            .order_by(DecisionRow.id)
+        ).all()
+        incidents = [d.incident for d in decisions if d.action == "requeue"]
+        recoveries = dict(
+            s.execute(
+                select(RecoveryRow.incident, RecoveryRow.state).where(
+                    RecoveryRow.incident.in_(incidents)
+                )
+            ).all()
+        )
+    out = []
+    for d in decisions:
+        v = verdicts.get(d.id)
+        out.append(
+            Judged(
+                decision_id=d.id,
+                incident=d.incident,
+                at=_utc(d.at),
+                action=d.action,
+                cause=d.cause,
+                mode=d.mode,
+                state=d.state,
+                partition=d.partition,
+                nodes=tuple(d.nodes),
+                job=d.job,
+                fault_at=_utc(d.fault_at) if d.fault_at else None,
+                verdict=v.verdict if v else None,
+                would=v.would if v else None,
+                note=v.note if v else "",
+                by=v.by if v else "",
+                recovery=recoveries.get(d.incident) if d.action == "requeue" else None,
+                gpus=d.gpus or 0,
+                gpu_hours=d.gpu_hours,
+            )
+        )
+    return out

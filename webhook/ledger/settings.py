@@ -1,0 +1,95 @@
+"""What the processes tell each other through the ledger's settings table, one model a key.
+
+The webhook workers, the live loop and the CLI are separate processes; the settings table is
+how a human's switch reaches the loop and how the loop's heartbeat reaches /metrics. Each key
+has one model here, and the ledger reads and writes a key only through its model
+(`Ledger.setting(Breaker)`, `Ledger.put(Breaker(...), at)`): a value is checked when it is
+written and again when it is read, so a corrupt row is an error naming its key, never a
+half-understood dict. The JSON stored is the one earlier releases wrote.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, TypeVar
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Breaker(_Value):
+    """The circuit breaker on drains: opened by the loop, closed only by a human."""
+
+    key: ClassVar[str] = "breaker"
+    repair: ClassVar[str] = "`slurmedic breaker reset` writes it anew"
+    open: bool = False
+    opened_at: AwareDatetime | None = None
+    # When a human last closed it: drains before this no longer count against it.
+    reset_at: AwareDatetime | None = None
+
+
+class Switch(_Value):
+    """The global switch: every action in monitor mode, whatever the policy says."""
+
+    key: ClassVar[str] = "switch"
+    repair: ClassVar[str] = "`slurmedic switch monitor|policy` writes it anew"
+    monitor: bool = False
+
+
+class Heartbeat(_Value):
+    """When the live loop last completed a step (Unix seconds; 0: never)."""
+
+    key: ClassVar[str] = "loop"
+    repair: ClassVar[str] = "the live loop writes it anew within seconds"
+    at: float = 0.0
+
+
+class JobSeen(_Value):
+    partition: str = ""
+    restarts: int = Field(default=0, ge=0)
+    eligible: bool
+
+
+class Jobs(RootModel[dict[str, JobSeen]]):
+    """The jobs the loop sees that count for goodput, by Slurm job id."""
+
+    key: ClassVar[str] = "jobs"
+    repair: ClassVar[str] = "the live loop writes it anew when one changes, and when it starts"
+    model_config = ConfigDict(frozen=True)
+    root: dict[str, JobSeen] = Field(default_factory=dict)
+
+
+class NodeSeen(_Value):
+    status: str = ""
+    partitions: list[str] = Field(default_factory=list)
+
+
+class Nodes(RootModel[dict[str, NodeSeen]]):
+    """Node states as Slurm reports them, by node name."""
+
+    key: ClassVar[str] = "nodes"
+    repair: ClassVar[str] = "the live loop writes it anew when one changes, and when it starts"
+    model_config = ConfigDict(frozen=True)
+    root: dict[str, NodeSeen] = Field(default_factory=dict)
+
+
+class Modes(_Value):
+    """The modes of the policy the live loop decides with (the console shows them): the
+    policy's, per action, and per partition (staged enablement)."""
+
+    key: ClassVar[str] = "modes"
+    repair: ClassVar[str] = "the live loop writes it anew when it starts"
+    mode: str = "monitor"
+    actions: dict[str, str] = {}
+    partitions: dict[str, dict[str, str]] = {}  # partition: {"*": its mode, action: mode}
+
+
+SETTINGS = (Breaker, Switch, Heartbeat, Jobs, Nodes, Modes)
+Setting = Breaker | Switch | Heartbeat | Jobs | Nodes | Modes
+S = TypeVar("S", Breaker, Switch, Heartbeat, Jobs, Nodes, Modes)
+
+
+class CorruptSetting(ValueError):
+    """A settings row its model does not accept."""
