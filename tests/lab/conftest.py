@@ -196,6 +196,61 @@ def job_story(cfg: LabConfig, job: int) -> str:
     return "\n".join([f"job {job}: {now}", *lines[-40:]])
 
 
+def slurmedic_story(cfg: LabConfig, ledger: Ledger, job: int) -> str:
+    """What slurmedic made of `job`: every decision in its ledger, the alert events it stored
+    about the job, the job's alerts in Prometheus and Alertmanager (with what silences or
+    inhibits them), and the end of its log. A failed wait's message, so a lab failure in CI
+    says where the chain from fault to action stopped without the run's files."""
+    lines: list[str] = []
+
+    def part(title: str, read: Callable[[], list[str]]) -> None:
+        try:
+            got = read()
+        except Exception as e:
+            got = [f"(not read: {e!r})"]
+        lines.extend([f"-- {title}:", *(f"  {g}" for g in got)])
+
+    def decisions() -> list[str]:
+        return [
+            f"#{r.id} {r.at:%H:%M:%S} {r.incident} {r.action} {r.state} ({r.reason})"
+            for r in ledger.decisions(50)
+        ]
+
+    def stored() -> list[str]:
+        ours = [
+            (at, a)
+            for _, at, a in ledger.alerts_after(0)
+            if a.labels.get("slurm_job_id") in (str(job), None, "")
+        ]
+        return [
+            f"{at:%H:%M:%S} {a.status} {a.labels.get('alertname')} {dict(a.labels)}"
+            for at, a in ours[-15:]
+        ]
+
+    def in_prometheus() -> list[str]:
+        return [
+            f"{r['labels'].get('alertstate')} {r['labels']}"
+            for r in api.query(cfg, f'ALERTS{{signal!="",slurm_job_id="{job}"}}')
+        ]
+
+    def in_alertmanager() -> list[str]:
+        return [
+            f"{a['status']} {a['labels'].get('alertname')} {a['labels']}"
+            for a in api.alerts(cfg, slurm_job_id=str(job))
+        ]
+
+    def log_tail() -> list[str]:
+        text = (cfg.logs / "slurmedic.out").read_text(errors="replace")
+        return text.splitlines()[-25:]
+
+    part("decisions", decisions)
+    part(f"alert events stored (job {job} or none)", stored)
+    part("ALERTS in Prometheus", in_prometheus)
+    part("in Alertmanager", in_alertmanager)
+    part("slurmedic.out", log_tail)
+    return "\n".join(lines)
+
+
 def next_attempt(cfg: LabConfig, job: int, restarts: int = 1, timeout: float = 60) -> list[str]:
     """The nodes of `job`'s attempt `restarts` once it runs on all of them (`running_nodes`)."""
 

@@ -70,7 +70,7 @@ def test_an_approver_reviews_judges_and_approves_an_incident_in_the_browser(
     bad = nodes[1]
     manage.inject_gpu(lab_cfg, "xid", bad, 2, xid=79)
     incident = f"{job}.0"
-    rows = decided(approve, incident, 2, {"awaiting_approval"})
+    rows = decided(lab_cfg, approve, incident, 2, {"awaiting_approval"})
 
     def previewed() -> bool:
         found = [approve.decision(r.id) for r in rows.values()]
@@ -150,7 +150,7 @@ def test_an_approver_reviews_judges_and_approves_an_incident_in_the_browser(
         timeout=120,
         what="the approved requeue carried out",
     )
-    decided(approve, incident, 2, {"executed"})
+    decided(lab_cfg, approve, incident, 2, {"executed"})
     eventually(lambda: not api.alerts(lab_cfg, **notice), what="the approval notices resolved")
     page.reload()
     expect(page.locator(f"#decision-{rows['requeue'].id} .chip").first).to_have_text("executed")

@@ -28,8 +28,9 @@ from tests.lab.conftest import (
     query,
     running_nodes,
     serve_slurmedic,
+    slurmedic_story,
 )
-from webhook.core.lifecycle import AWAITING_APPROVAL
+from webhook.core.lifecycle import AWAITING_APPROVAL, SUPERSEDED
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
 from webhook.rules import dashboards
@@ -75,12 +76,26 @@ def enforce(lab_cfg: LabConfig, tmp_path_factory: pytest.TempPathFactory) -> Ite
     restore(lab_cfg)
 
 
-def decided(ledger: Ledger, incident: str, n: int, states: set[str]) -> dict[str, DecisionRow]:
+def decided(
+    cfg: LabConfig, ledger: Ledger, incident: str, n: int, states: set[str]
+) -> dict[str, DecisionRow]:
+    """The decisions in force for `incident` (the latest per action; one that later evidence
+    superseded before it ran is not in force), once there are `n` and all are in `states`;
+    on a timeout, the story of what slurmedic saw and did (slurmedic_story)."""
+
     def done() -> dict[str, DecisionRow]:
-        rows = {r.action: r for r in ledger.decisions(200) if r.incident == incident}
+        rows = {
+            r.action: r
+            for r in sorted(ledger.incident_decisions(incident), key=lambda r: r.id)
+            if r.state != SUPERSEDED
+        }
         return rows if len(rows) == n and all(r.state in states for r in rows.values()) else {}
 
-    return eventually(done, timeout=60, what=f"{n} decision(s) of {incident} in {states}")
+    try:
+        return eventually(done, timeout=90, what=f"{n} decision(s) of {incident} in {states}")
+    except AssertionError as e:
+        job = int(incident.split(".")[0])
+        raise AssertionError(f"{e}\n{slurmedic_story(cfg, ledger, job)}") from None
 
 
 def failures(ledger: Ledger, rows: dict[str, DecisionRow]) -> str:
@@ -119,7 +134,7 @@ def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
     job, nodes = checkpointed_job(lab_cfg, submit)
     bad = nodes[1]
     manage.inject_gpu(lab_cfg, "xid", bad, 4, xid=79)
-    rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
+    rows = decided(lab_cfg, enforce, f"{job}.0", 2, {"executed", "failed"})
     assert {a: r.state for a, r in rows.items()} == {
         "drain": "executed",
         "requeue": "executed",
@@ -245,7 +260,7 @@ def test_enforce_stops_an_application_failure_and_drains_nothing(
     mapped(lab_cfg, job)
     drained_before = slurm(lab_cfg, "sinfo", "-h", "-t", "drain", "-o", "%N")
     manage.inject_job(lab_cfg, "crash_cuda", job, 0)
-    rows = decided(enforce, f"{job}.0", 1, {"executed", "failed"})
+    rows = decided(lab_cfg, enforce, f"{job}.0", 1, {"executed", "failed"})
     assert list(rows) == ["stop"] and rows["stop"].state == "executed", failures(enforce, rows)
     assert slurm(lab_cfg, "sinfo", "-h", "-t", "drain", "-o", "%N") == drained_before
     state = manage.show_job(lab_cfg, job)["JobState"]
@@ -277,7 +292,7 @@ def test_approve_mode_waits_for_a_human(
         manage.show_job(lab_cfg, job)["Restarts"],
     )
     manage.inject_gpu(lab_cfg, "xid", nodes[2], 1, xid=79)
-    rows = decided(ledger, f"{job}.0", 2, {"awaiting_approval"})
+    rows = decided(lab_cfg, ledger, f"{job}.0", 2, {"awaiting_approval"})
     # The approver reads the exact commands first: the dry runs, computed while they wait.
     drain = f'scontrol update nodename={nodes[2]} state=drain reason="slurmedic: {job}.0'
     # Each is a check-mode playbook run, one after the other within the incident: seconds each
@@ -306,7 +321,7 @@ def test_approve_mode_waits_for_a_human(
     )
     # The rejected requeue never ran: the job keeps its attempt.
     assert manage.show_job(lab_cfg, job)["Restarts"] == before[1]
-    decided(ledger, f"{job}.0", 2, {"executed", "rejected"})
+    decided(lab_cfg, ledger, f"{job}.0", 2, {"executed", "rejected"})
     states = {r.action: r.state for r in ledger.decisions(200) if r.incident == f"{job}.0"}
     assert states == {"drain": "executed", "requeue": "rejected"}
     # Approving twice is refused, with a reason.
@@ -328,7 +343,7 @@ def test_an_escalation_in_approve_mode_reaches_people_without_an_approval(
     # An application XID on a job that keeps training: slurmedic leaves it alone and hands
     # the incident to a human. That changes nothing in Slurm, so nothing waits for approval.
     manage.inject_gpu(lab_cfg, "xid", nodes[1], 0, xid=13)
-    rows = decided(ledger, incident, 2, {"recorded", "executed"})
+    rows = decided(lab_cfg, ledger, incident, 2, {"recorded", "executed"})
     assert (rows["escalate"].mode, rows["escalate"].state) == ("approve", "executed")
     assert rows["none"].guard == "job_running"
     escalation = {"alertname": "SlurmedicEscalation", "incident": incident}
@@ -431,7 +446,7 @@ def test_kill_9_while_a_playbook_runs_is_reconciled_and_never_runs_twice(
     assert running(), [(r.action, r.state) for r in ledger.incident_decisions(f"{job}.0")]
     (lab_cfg.pids / "slurmedic.pid").unlink(missing_ok=True)
     monitoring.start_slurmedic(lab_cfg, tmp_path / "policy-enforce.yml")
-    rows = decided(ledger, f"{job}.0", 2, {"executed"})
+    rows = decided(lab_cfg, ledger, f"{job}.0", 2, {"executed"})
     assert set(rows) == {"drain", "requeue"}
     # Requeued exactly once, drained once, whatever the crash interrupted.
     info = eventually(

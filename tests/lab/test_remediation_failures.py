@@ -83,7 +83,7 @@ def killed_and_decided(
     mapped(cfg, job)
     bad = nodes[rank]
     manage.kill_node(cfg, bad)
-    rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
+    rows = decided(cfg, enforce, f"{job}.0", 2, {"executed", "failed"})
     assert {a: (r.state, r.cause) for a, r in rows.items()} == {
         "drain": ("executed", "node_failure"),
         "requeue": ("executed", "node_failure"),
@@ -157,7 +157,7 @@ def test_the_silent_node_of_an_nccl_hang_is_drained_and_the_job_requeued(
 ) -> None:
     job, nodes = checkpointed_job(lab_cfg, submit)
     manage.inject_job(lab_cfg, "hang", job, 1)
-    rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
+    rows = decided(lab_cfg, enforce, f"{job}.0", 2, {"executed", "failed"})
     assert {a: (r.state, r.cause) for a, r in rows.items()} == {
         "drain": ("executed", "node_failure"),
         "requeue": ("executed", "node_failure"),
@@ -183,7 +183,7 @@ def test_a_successor_that_crashes_before_its_first_checkpoint_is_a_failed_recove
         JobFault(rank=0, attempt=1, kind="crash_cuda", at=time.time()),
     )
     manage.inject_gpu(lab_cfg, "xid", nodes[0], 1, xid=79)
-    rows = decided(enforce, f"{job}.0", 2, {"executed", "failed"})
+    rows = decided(lab_cfg, enforce, f"{job}.0", 2, {"executed", "failed"})
     assert rows["requeue"].state == "executed", failures(enforce, rows)
     recovery = eventually(
         lambda: [r for r in enforce.recoveries("recovered", "failed") if r.incident == f"{job}.0"],

@@ -75,14 +75,16 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
 
 PARENT_ENV = "SLURMEDIC_SERVE_PID"  # set for the loop `serve` starts: whose loop it is
 REFUSED = 3  # the loop's exit code when it may not run (a second loop on a SQLite file)
+# How a loop that was told to stop ends: its own clean exit, or the signal itself.
+TOLD_TO_STOP = frozenset({0, -signal.SIGTERM, -signal.SIGINT})
 
 
 class LoopSupervisor:
     """`serve`'s loop, kept running: one that fails (an error, a `kill -9`, the OOM killer)
     starts again after 1 s, then 2, 4, ... up to a minute while it keeps failing within a
     minute of its start. /readyz says not-ready meanwhile (the loop's beat stops). A loop that
-    was told to stop (exit 0) is not started again, nor one refused its ledger (REFUSED):
-    serve stops, saying why."""
+    was told to stop (exit 0, or ended by SIGTERM or SIGINT) is not started again, nor one
+    refused its ledger (REFUSED): serve stops, saying why."""
 
     def __init__(self, argv: list[str], env: dict[str, str], *, grace: float = 10.0) -> None:
         # How long a stopped loop may take to finish the playbooks it runs before it is killed.
@@ -107,9 +109,13 @@ class LoopSupervisor:
                 log.error("the loop was refused its ledger: serve stops")
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
-            if code == 0:
+            if code in TOLD_TO_STOP:
                 # Told to stop (SIGTERM, SIGINT: often the one its whole process group got,
-                # serve's own stop on its way): not started again. /readyz says not ready.
+                # serve's own stop on its way, while gunicorn still stops its workers): not
+                # started again. A signal that came before the loop's handler was in place,
+                # or during its exit, ends it as that signal: that is a stop too, not a crash
+                # (a loop started again there decides beside the next serve). /readyz says
+                # not ready.
                 log.warning("the loop stopped as it was told: not started again")
                 return
             if time.monotonic() - started > 60:
