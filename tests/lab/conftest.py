@@ -240,8 +240,10 @@ def slurmedic_story(cfg: LabConfig, ledger: Ledger, job: int) -> str:
         ]
 
     def log_tail() -> list[str]:
-        text = (cfg.logs / "slurmedic.out").read_text(errors="replace")
-        return text.splitlines()[-25:]
+        # Its terms (a lease that lapsed drops the loop) and restarts, then its last lines.
+        text = (cfg.logs / "slurmedic.out").read_text(errors="replace").splitlines()
+        terms = [ln for ln in text[:-25] if "leadership" in ln or "the loop " in ln]
+        return [*terms[-10:], *text[-25:]]
 
     part("decisions", decisions)
     part(f"alert events stored (job {job} or none)", stored)
