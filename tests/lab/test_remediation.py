@@ -84,11 +84,8 @@ def decided(
     on a timeout, the story of what slurmedic saw and did (slurmedic_story)."""
 
     def done() -> dict[str, DecisionRow]:
-        rows = {
-            r.action: r
-            for r in sorted(ledger.incident_decisions(incident), key=lambda r: r.id)
-            if r.state != SUPERSEDED
-        }
+        # In id order: a later row of an action replaces an earlier one.
+        rows = {r.action: r for r in ledger.incident_decisions(incident) if r.state != SUPERSEDED}
         return rows if len(rows) == n and all(r.state in states for r in rows.values()) else {}
 
     try:
@@ -321,8 +318,8 @@ def test_approve_mode_waits_for_a_human(
     )
     # The rejected requeue never ran: the job keeps its attempt.
     assert manage.show_job(lab_cfg, job)["Restarts"] == before[1]
-    decided(lab_cfg, ledger, f"{job}.0", 2, {"executed", "rejected"})
-    states = {r.action: r.state for r in ledger.decisions(200) if r.incident == f"{job}.0"}
+    final = decided(lab_cfg, ledger, f"{job}.0", 2, {"executed", "rejected"})
+    states = {a: r.state for a, r in final.items()}
     assert states == {"drain": "executed", "requeue": "rejected"}
     # Approving twice is refused, with a reason.
     again = cli(lab_cfg, "approve", str(rows["drain"].id))
