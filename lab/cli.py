@@ -163,6 +163,8 @@ def _print_status(cfg: LabConfig) -> None:
         "slurm-exporter": cfg.url(cfg.slurm_exporter_port),
         "dcgm-exporter": f"127.0.0.1:{cfg.dcgm_port(cfg.nodes[0])}-{cfg.dcgm_port(cfg.nodes[-1])}",
         "slurmctld": f"127.0.0.1:{cfg.slurmctld_port}",
+        "mariadb": f"127.0.0.1:{cfg.mariadb_port}",
+        "slurmdbd": f"127.0.0.1:{cfg.slurmdbd_port}",
     }
     for d in manage.status(cfg):
         node = d.name.removeprefix("slurmd-")

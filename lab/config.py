@@ -31,6 +31,22 @@ def _default_stack() -> str:
     return os.environ.get(STACK_ENV) or DEFAULT_STACK
 
 
+# Slurm accounting (slurmdbd on MariaDB) runs in the lab unless this says 0: a real site has it,
+# and what slurmedic reads of a job's history (sacct) and of people's actions (sacctmgr show
+# event) exists only with it.
+ACCOUNTING_ENV = "SLURMEDIC_LAB_ACCOUNTING"
+
+
+def _accounting_from(raw: str) -> bool:
+    if raw not in ("0", "1"):
+        raise ValueError(f"{ACCOUNTING_ENV} must be 1 (on, the default) or 0 (off), not {raw!r}")
+    return raw == "1"
+
+
+def _default_accounting() -> bool:
+    return _accounting_from(os.environ.get(ACCOUNTING_ENV) or "1")
+
+
 def default_run_dir() -> Path:
     """`run/lab` in a checkout; for an installed slurmedic, the user's state directory (its
     own package directory is no place for a lab's state)."""
@@ -74,6 +90,8 @@ class LabConfig:
     # SLURMEDIC_LAB_STACK, else lab/stacks.py's default (tests and benches follow the env too).
     stack: str = field(default_factory=lambda: _default_stack())
     python: str = field(default_factory=lambda: sys.executable)
+    # slurmdbd and its MariaDB (lab/accounting.py); SLURMEDIC_LAB_ACCOUNTING=0 turns them off.
+    accounting: bool = field(default_factory=_default_accounting)
 
     def __post_init__(self) -> None:
         # The lab takes base+1 .. base+903; above 32767 the kernel hands out ephemeral ports,
@@ -109,8 +127,18 @@ class LabConfig:
         stack = os.environ.get(STACK_ENV) or (
             recorded.read_text().strip() if recorded.is_file() else _default_stack()
         )
+        # Accounting likewise: named, else as this run directory's lab was brought up.
+        recorded_acct = Path(rd) / "etc" / "accounting"
+        raw_acct = os.environ.get(ACCOUNTING_ENV) or (
+            recorded_acct.read_text().strip() if recorded_acct.is_file() else "1"
+        )
+        accounting = _accounting_from(raw_acct)
         return cls(
-            run_dir=Path(rd).resolve(), port_base=base, dcgm_host_label=host_label, stack=stack
+            run_dir=Path(rd).resolve(),
+            port_base=base,
+            dcgm_host_label=host_label,
+            stack=stack,
+            accounting=accounting,
         )
 
     # ---- nodes -------------------------------------------------------------------------
@@ -173,6 +201,15 @@ class LabConfig:
     def postgres_port(self) -> int:
         """The lab's PostgreSQL (lab/postgres.py), for the replica tests' shared ledger."""
         return self.port_base + 432
+
+    @property
+    def mariadb_port(self) -> int:
+        """The lab's MariaDB (lab/accounting.py): slurmdbd's database."""
+        return self.port_base + 306
+
+    @property
+    def slurmdbd_port(self) -> int:
+        return self.port_base + 819
 
     @property
     def receiver_port(self) -> int:
@@ -271,6 +308,7 @@ class LabConfig:
         env["SLURMEDIC_LAB_DCGM_HOST_LABEL"] = self.dcgm_host_label
         env["PYTHONUNBUFFERED"] = "1"
         env["SLURMEDIC_LAB_STACK"] = self.stack
+        env[ACCOUNTING_ENV] = "1" if self.accounting else "0"
         from lab.stacks import get
 
         if not get(self.stack).is_host:

@@ -9,9 +9,12 @@ import shutil
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lab import monitoring, postgres, processes, slurm, stacks
+import hostlist
+
+from lab import accounting, monitoring, person, postgres, processes, slurm, stacks
 from lab.config import CODE_ROOT, LabConfig
 from lab.faults import (
     GpuFault,
@@ -43,7 +46,15 @@ class Daemon:
 
 
 def daemons(cfg: LabConfig) -> list[str]:
-    return ["munged", "slurmctld", *(f"slurmd-{n}" for n in cfg.nodes), *reversed(MONITORING)]
+    """The lab's daemons in the order they start."""
+    db = ["mariadb", "slurmdbd"] if cfg.accounting else []
+    return [
+        "munged",
+        *db,
+        "slurmctld",
+        *(f"slurmd-{n}" for n in cfg.nodes),
+        *reversed(MONITORING),
+    ]
 
 
 def daemon_ports(cfg: LabConfig) -> dict[str, list[int]]:
@@ -56,6 +67,11 @@ def daemon_ports(cfg: LabConfig) -> dict[str, list[int]]:
         "mtail": [cfg.mtail_port],
         "dcgm-exporter": [cfg.dcgm_port(n) for n in cfg.nodes],
         "slurm-exporter": [cfg.slurm_exporter_port],
+        **(
+            {"mariadb": [cfg.mariadb_port], "slurmdbd": [cfg.slurmdbd_port]}
+            if cfg.accounting
+            else {}
+        ),
     }
 
 
@@ -83,11 +99,17 @@ def check_ports(cfg: LabConfig) -> None:
 
 def running_stack(cfg: LabConfig) -> str | None:
     """The stack the lab in this run directory was brought up with, while anything runs."""
+    return _running_setting(cfg, "stack")
+
+
+def _running_setting(cfg: LabConfig, name: str) -> str | None:
+    """A setting the lab in this run directory was brought up with (`etc/<name>`), while
+    anything runs."""
     try:
-        name = (cfg.etc / "stack").read_text().strip()
+        value = (cfg.etc / name).read_text().strip()
     except OSError:
         return None
-    return name if any(d.pid for d in status(cfg)) else None
+    return value if any(d.pid for d in status(cfg)) else None
 
 
 def prepare_stack(cfg: LabConfig) -> float:
@@ -99,11 +121,29 @@ def prepare_stack(cfg: LabConfig) -> float:
         raise LabError(
             f"the lab in {cfg.run_dir} runs the {other} stack; `slurmedic lab down` first"
         )
+    acct = "1" if cfg.accounting else "0"
+    if _running_setting(cfg, "accounting") not in (None, acct):
+        raise LabError(
+            f"the lab in {cfg.run_dir} runs with SLURMEDIC_LAB_ACCOUNTING="
+            f"{'0' if cfg.accounting else '1'}; `slurmedic lab down` first"
+        )
     built = stacks.ensure_built(stack)
     stacks.write_wrappers(stack, cfg.run_dir)
+    # The person tests act as, in the root too before slurmctld resolves its uid.
+    person.ensure(cfg)
     cfg.etc.mkdir(parents=True, exist_ok=True)
     (cfg.etc / "stack").write_text(cfg.stack + "\n")
+    (cfg.etc / "accounting").write_text(acct + "\n")
     return built
+
+
+def start_accounting(cfg: LabConfig) -> None:
+    """MariaDB and slurmdbd with the cluster and the lab's operator registered, unless the lab
+    runs without accounting."""
+    if not cfg.accounting:
+        return
+    accounting.start(cfg)
+    accounting.add_operator(cfg, person.PERSON)
 
 
 def up(cfg: LabConfig) -> float:
@@ -112,7 +152,7 @@ def up(cfg: LabConfig) -> float:
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     prepare_stack(cfg)
     check_ports(cfg)
-    slurm.start_cluster(cfg)
+    slurm.start_cluster(cfg, before_controller=lambda: start_accounting(cfg))
     monitoring.start(cfg)
     slurm.wait_nodes_ready(cfg)
     monitoring.wait_ready(cfg)
@@ -131,6 +171,9 @@ def down(cfg: LabConfig, *, purge: bool = False) -> list[int]:
     for node in cfg.nodes:
         processes.stop(cfg, f"slurmd-{node}", grace=3.0)
     processes.stop(cfg, "slurmctld")
+    # After slurmctld, which sends slurmdbd what it still holds as it stops; whether or not
+    # this config asks for accounting (the lab may have been brought up otherwise).
+    accounting.stop(cfg)
     processes.stop(cfg, "munged")
     # Whatever else a test or a bench started as a lab daemon (a second slurmedic replica,
     # PostgreSQL for their shared ledger).
@@ -249,6 +292,26 @@ def inject_gpu(
     fault = GpuFault(node=node, gpu=gpu, kind=kind, at=time.time(), xid=xid, count=count, rate=rate)
     add_gpu_fault(cfg.faults_file, fault)
     return fault
+
+
+def drain_as(cfg: LabConfig, user: str, nodes: str | Sequence[str], reason: str) -> None:
+    """Drain `nodes` (a host list or names) as `user` would by hand: `scontrol update` under
+    that user's uid (lab/person.py), so accounting records that user with the reason."""
+    _update_nodes_as(cfg, user, nodes, "state=drain", f"reason={reason}")
+
+
+def resume_as(cfg: LabConfig, user: str, nodes: str | Sequence[str]) -> None:
+    """Resume `nodes` as `user` (the end of its drain event in accounting)."""
+    _update_nodes_as(cfg, user, nodes, "state=resume")
+
+
+def _update_nodes_as(cfg: LabConfig, user: str, nodes: str | Sequence[str], *what: str) -> None:
+    names = list(hostlist.expand_hostlist(nodes)) if isinstance(nodes, str) else list(nodes)
+    unknown = [n for n in names if n not in cfg.nodes]
+    if not names or unknown:
+        raise LabError(f"nodes: {unknown or nodes!r} not lab nodes ({cfg.nodes_expr})")
+    nodelist = hostlist.collect_hostlist(names)
+    person.run_as(cfg, user, "scontrol", "update", f"nodename={nodelist}", *what)
 
 
 def kill_node(cfg: LabConfig, node: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import hostlist
@@ -18,6 +19,7 @@ from lab import processes, stacks
 from lab.config import LabConfig
 
 SLURM_TIMEOUT = 20.0
+CLUSTER = "slurmedic-lab"  # ClusterName, and the cluster's name in the accounting database
 
 
 class LabError(RuntimeError):
@@ -43,7 +45,7 @@ def render_slurm_conf(cfg: LabConfig) -> str:
     first, last = cfg.slurmd_port(nodes[0]), cfg.slurmd_port(nodes[-1])
     lines = [
         "# Written by `slurmedic lab up`; edits are overwritten.",
-        "ClusterName=slurmedic-lab",
+        f"ClusterName={CLUSTER}",
         f"SlurmctldHost={cfg.hostname}(127.0.0.1)",
         f"SlurmctldPort={cfg.slurmctld_port}",
         f"SlurmdPort={first}",
@@ -69,9 +71,8 @@ def render_slurm_conf(cfg: LabConfig) -> str:
         "TopologyPlugin=topology/tree",
         "ReturnToService=2",
         "SlurmdParameters=config_overrides",
-        "AccountingStorageType=accounting_storage/none",
+        *accounting_lines(cfg),
         "JobCompType=jobcomp/none",
-        "JobAcctGatherType=jobacct_gather/none",
         # A killed slurmd shows as not responding within seconds, DOWN after SlurmdTimeout.
         "SlurmdTimeout=10",
         "SlurmctldTimeout=10",
@@ -95,6 +96,27 @@ def render_slurm_conf(cfg: LabConfig) -> str:
             "MaxTime=INFINITE State=UP"
         )
     return "\n".join(lines) + "\n"
+
+
+def accounting_lines(cfg: LabConfig) -> list[str]:
+    """slurmdbd (lab/accounting.py) keeps every job attempt and node event, with the GPUs each
+    job held; without it (SLURMEDIC_LAB_ACCOUNTING=0) Slurm keeps nothing past MinJobAge."""
+    if not cfg.accounting:
+        return [
+            "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none",
+        ]
+    return [
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        "AccountingStorageHost=127.0.0.1",
+        f"AccountingStoragePort={cfg.slurmdbd_port}",
+        # The munge socket for slurmdbd connections (AuthInfo's is not used for them).
+        f"AccountingStoragePass={cfg.munge_socket}",
+        "AccountingStorageTRES=gres/gpu",
+        # Steps' usage from /proc, as a site without cgroups gathers it (the lab's roots run
+        # without a cgroup plugin).
+        "JobAcctGatherType=jobacct_gather/linux",
+    ]
 
 
 def render_gres_conf(cfg: LabConfig) -> str:
@@ -177,13 +199,20 @@ def start_slurmd(cfg: LabConfig, node: str) -> None:
     processes.start(cfg, f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(cfg.slurm_conf)])
 
 
-def start_cluster(cfg: LabConfig) -> None:
+def start_cluster(cfg: LabConfig, *, before_controller: Callable[[], None] | None = None) -> None:
+    """munged, slurmctld and every slurmd; `before_controller` runs once munge does (slurmdbd
+    authenticates through it, and must be up for slurmctld's first records)."""
     path = cfg.env()["PATH"]
-    for tool in ("munged", "slurmctld", "slurmd", "sinfo"):
+    tools = ["munged", "slurmctld", "slurmd", "sinfo"]
+    if cfg.accounting:
+        tools += ["slurmdbd", "sacctmgr"]
+    for tool in tools:
         if shutil.which(tool, path=path) is None:
             raise LabError(f"{tool} is not installed: run ./scripts/setup.sh first")
     write_config(cfg)
     start_munge(cfg)
+    if before_controller is not None:
+        before_controller()
     start_slurmctld(cfg)
     for node in cfg.nodes:
         start_slurmd(cfg, node)

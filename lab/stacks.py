@@ -38,12 +38,14 @@ CACHE_ENV = "SLURMEDIC_STACK_CACHE"
 MIRROR_ENV = "SLURMEDIC_DEBIAN_MIRROR"
 DEFAULT_CACHE = Path("/var/cache/slurmedic/stacks")
 
-# What the lab runs from a stack: Slurm, munge and the monitoring stack. The libraries are
-# those the host's Python loads for the simulator's imports (ssl, ctypes, sqlite3, ...): the
-# simulator runs inside the root, on the host's interpreter.
+# What the lab runs from a stack: Slurm (slurmdbd too: its release must be slurmctld's), munge
+# and the monitoring stack. The libraries are those the host's Python loads for the simulator's
+# imports (ssl, ctypes, sqlite3, ...): the simulator runs inside the root, on the host's
+# interpreter.
 PACKAGES = (
     "slurmctld",
     "slurmd",
+    "slurmdbd",
     "slurm-client",
     "munge",
     "prometheus",
@@ -60,7 +62,7 @@ PACKAGES = (
 
 # Commands of a stack that the lab, slurmedic, the playbooks and the tests call by name.
 COMMANDS = {
-    "sbin": ("slurmctld", "slurmd", "munged", "mungekey"),
+    "sbin": ("slurmctld", "slurmd", "slurmdbd", "munged", "mungekey"),
     "bin": (
         "sinfo",
         "squeue",
@@ -69,6 +71,7 @@ COMMANDS = {
         "srun",
         "scancel",
         "sacct",
+        "sacctmgr",
         "prometheus",
         "promtool",
         "prometheus-alertmanager",
@@ -262,6 +265,47 @@ def ensure_built(stack: Stack, *, log: Path | None = None) -> float:
         (work / ".slurmedic-stack.json").write_text(json.dumps(stamp, indent=1) + "\n")
         work.rename(stack.root)
     return time.monotonic() - t0
+
+
+def ensure_user(stack: Stack, name: str, uid: int, gid: int) -> None:
+    """A user `name` (uid, and a group of its own with gid) in the stack's root, as on the host:
+    slurmctld there resolves the uids of requests to names (a person's drain in the accounting
+    events). The root is shared by every lab of this checkout; a user is all that is added."""
+    if stack.is_host:
+        return
+    with _lock(stack.root.with_name(stack.root.name + ".lock")):
+        users = _id_file(stack.root / "etc" / "passwd")
+        groups = _id_file(stack.root / "etc" / "group")
+        if users.get(name) == uid and groups.get(name) == gid:
+            return
+        taken = {i: n for n, i in users.items()}.get(uid)
+        if name in users or taken is not None:
+            raise StackError(
+                f"{stack.root} has user {name} or uid {uid} ({taken}) otherwise than the host: "
+                f"remove it there (`userdel --root {stack.root} {name}`)"
+            )
+        if name not in groups:
+            _root_cmd(["groupadd", f"--root={stack.root}", f"--gid={gid}", name])
+        _root_cmd(
+            ["useradd", f"--root={stack.root}", f"--uid={uid}", f"--gid={gid}",
+             "--no-create-home", "--home-dir=/nonexistent", "--shell=/usr/sbin/nologin", name]
+        )  # fmt: skip
+
+
+def _id_file(path: Path) -> dict[str, int]:
+    """/etc/passwd or /etc/group: name to uid or gid."""
+    out: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        parts = line.split(":")
+        if len(parts) > 2 and parts[2].isdigit():
+            out[parts[0]] = int(parts[2])
+    return out
+
+
+def _root_cmd(argv: list[str]) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise StackError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
 
 
 # ---- running commands of a stack -------------------------------------------------------------

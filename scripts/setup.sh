@@ -2,15 +2,16 @@
 # Install what slurmedic and its lab need, idempotently: Debian packages (only those missing,
 # without starting their system services), the project's .venv (reinstalled only when
 # pyproject.toml changed) and the roots of the lab's other stacks (Debian 13 and unstable, built
-# with debootstrap once and cached in /var/cache/slurmedic/stacks). chromium is for the console's
-# browser tests. Run as root on Debian 12.
+# with debootstrap once and cached in /var/cache/slurmedic/stacks). mariadb-server is the lab's
+# accounting database (slurmdbd's, for every stack); chromium is for the console's browser
+# tests. Run as root on Debian 12.
 # Arguments name the stacks to build (default: all of them; `none` for none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager
-          prometheus-pushgateway mtail postgresql python3 python3-venv debootstrap
-          chromium)
+PACKAGES=(slurmctld slurmd slurmdbd slurm-client munge prometheus prometheus-alertmanager
+          prometheus-pushgateway mtail postgresql mariadb-server python3 python3-venv
+          debootstrap chromium)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -49,6 +49,8 @@ def test_up_up_down_leaves_nothing_running(tmp_path: Path) -> None:
         cfg.prometheus_port,
         cfg.dcgm_port("gpu01"),
         cfg.slurmd_port("gpu08"),
+        cfg.slurmdbd_port,
+        cfg.mariadb_port,
     ):
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", p)) != 0, f"port {p} still open"

@@ -58,3 +58,16 @@ def test_serve_names_a_missing_token_file(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump({"auth": {"bearer_token_file": str(tmp_path / "none")}}))
     line = one_line(cli(tmp_path, "serve", f"--config={config}"))
     assert "auth.bearer_token_file" in line and str(tmp_path / "none") in line, line
+
+
+def test_backtest_names_what_is_wrong_before_it_reads_anything(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yml"
+    policy.write_text("mode: sometimes\n")
+    unreachable = "--prometheus=http://127.0.0.1:1"
+    line = one_line(cli(tmp_path, "backtest", "--from=1h", unreachable, f"--policy={policy}"))
+    assert str(policy) in line and "mode:" in line, line
+    bad = cli(tmp_path, "backtest", "--from=1h", unreachable, "--window=3x")
+    assert bad.returncode == 2 and "--window" in bad.stderr and "Traceback" not in bad.stderr
+    line = one_line(cli(tmp_path, "backtest", "--from=1h", unreachable))
+    assert line.startswith("Error: alert history: http://127.0.0.1:1"), line
+    assert list(tmp_path.iterdir()) == [policy]

@@ -408,3 +408,37 @@ def test_the_trial_report_from_the_cli_and_the_console(
     assert "drain on partition train: 1 agreed of 1 judged" in page
     assert "anna would stop" in page and "no ckpt" in page
     assert client.get("/console/report?days=0").status_code == 400
+
+
+def test_a_kept_backtest_is_listed_and_shown_in_full(
+    setup: tuple[FlaskClient, Ledger, list[int]],
+) -> None:
+    from tests.unit.test_backtest import T0, hour
+    from webhook.backtest.report import as_json
+    from webhook.backtest.run import run
+
+    client, ledger, _ = setup
+    login(client, "vera")
+    assert "no backtest kept yet" in client.get("/console/backtests").get_data(as_text=True)
+    report, _ = run(
+        hour(),
+        start=T0,
+        until=T0 + timedelta(hours=4),
+        policy=None,
+        delay=timedelta(0),
+        window=timedelta(hours=24),
+    )
+    report.limits = ["alert annotations are not kept by Prometheus"]
+    kept = ledger.save_backtest(
+        as_json(report), at=T, by="ops", span=(T0, T0 + timedelta(hours=4)), policy="defaults"
+    )
+    listing = client.get("/console/backtests").get_data(as_text=True)
+    assert f'href="/console/backtest/{kept}"' in listing and "ops" in listing
+    page = client.get(f"/console/backtest/{kept}")
+    html = page.get_data(as_text=True)
+    assert page.status_code == 200
+    # The fault beside what people did: the drain 40 minutes later with its reason, the
+    # resubmission, and the drain no alert explains.
+    assert "101.0" in html and "bad HBM" in html and "resubmitted" in html
+    assert "cable check" in html and "alert annotations are not kept" in html
+    assert client.get("/console/backtest/999").status_code == 404

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.accounting import render_slurmdbd_conf
 from lab.config import LabConfig
 from lab.slurm import render_gres_conf, render_slurm_conf, render_topology_conf
 
@@ -22,9 +23,17 @@ def test_every_port_is_distinct(cfg: LabConfig) -> None:
         cfg.mtail_port,
         cfg.slurm_exporter_port,
         cfg.receiver_port,
+        cfg.mariadb_port,
+        cfg.slurmdbd_port,
+        cfg.postgres_port,
+        cfg.alertmanager_gossip_port,
+        cfg.alertmanager_peer_port,
+        cfg.alertmanager_peer_gossip_port,
     ]
     ports += [cfg.slurmd_port(n) for n in cfg.nodes] + [cfg.dcgm_port(n) for n in cfg.nodes]
-    assert len(ports) == len(set(ports)) == 7 + 16
+    # The replica tests' slurmedic replicas take the receiver's port and the next two.
+    ports += [cfg.receiver_port + 1, cfg.receiver_port + 2]
+    assert len(ports) == len(set(ports)) == 13 + 16 + 2
     assert all(27000 < p < 28000 for p in ports)
 
 
@@ -36,6 +45,45 @@ def test_slurm_conf(cfg: LabConfig) -> None:
     assert "PartitionName=debug Nodes=gpu[07-08] Default=NO" in conf
     assert f"AuthInfo=socket={cfg.munge_socket},cred_expire=5" in conf
     assert "SlurmdSpoolDir=" in conf and "%n" in conf
+
+
+def test_accounting_is_on_by_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("SLURMEDIC_LAB_ACCOUNTING", raising=False)
+    cfg = LabConfig(run_dir=tmp_path, port_base=27000)
+    conf = render_slurm_conf(cfg)
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in conf
+    assert f"AccountingStoragePort={cfg.slurmdbd_port}" in conf
+    assert f"AccountingStoragePass={cfg.munge_socket}" in conf
+    assert "AccountingStorageTRES=gres/gpu" in conf
+
+
+def test_slurmdbd_conf(cfg: LabConfig) -> None:
+    conf = render_slurmdbd_conf(cfg, "secret")
+    assert f"DbdPort={cfg.slurmdbd_port}" in conf and f"StoragePort={cfg.mariadb_port}" in conf
+    assert "StorageHost=127.0.0.1" in conf and "StoragePass=secret" in conf
+    assert f"AuthInfo=socket={cfg.munge_socket}" in conf
+    assert f"PidFile={cfg.run_dir}/" in conf and f"LogFile={cfg.logs}/" in conf
+
+
+def test_accounting_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SLURMEDIC_LAB_ACCOUNTING", "0")
+    cfg = LabConfig.from_env(tmp_path)
+    assert not cfg.accounting and cfg.env()["SLURMEDIC_LAB_ACCOUNTING"] == "0"
+    assert "AccountingStorageType=accounting_storage/none" in render_slurm_conf(cfg)
+    monkeypatch.setenv("SLURMEDIC_LAB_ACCOUNTING", "no")
+    with pytest.raises(ValueError, match="SLURMEDIC_LAB_ACCOUNTING must be 1"):
+        LabConfig.from_env(tmp_path)
+
+
+def test_accounting_follows_the_run_dirs_lab(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Unset, the setting the lab in the run directory was brought up with."""
+    monkeypatch.delenv("SLURMEDIC_LAB_ACCOUNTING", raising=False)
+    assert LabConfig.from_env(tmp_path).accounting
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "accounting").write_text("0\n")
+    assert not LabConfig.from_env(tmp_path).accounting
 
 
 def test_gres_uses_device_files(cfg: LabConfig) -> None:

@@ -77,6 +77,57 @@ class Prometheus:
         )
         return self._series(expr, result, "values", "a matrix")
 
+    def raw_samples(
+        self, metric: str, labels: dict[str, str], start: datetime, end: datetime, chunk: timedelta
+    ) -> list[tuple[dict[str, str], list[float]]]:
+        """Every stored sample time of a metric's series from `start` to `end`, read in
+        chunks (an instant query of a range selector per chunk: the samples as written, not a
+        range query's resampling), merged per label set. Values are left out: a backtest asks
+        when a series existed."""
+        chunk = min(chunk, end - start) if end > start else chunk
+        if end <= start or chunk.total_seconds() < 1:
+            return []
+        result = self._call(
+            lambda: self.client.get_metric_range_data(
+                metric, label_config=labels, start_time=start, end_time=end, chunk_size=chunk
+            )
+        )
+        merged: dict[tuple[tuple[str, str], ...], list[float]] = {}
+        for s in self._series(metric, result, "values", "a matrix"):
+            key = tuple(sorted(s["metric"].items()))
+            merged.setdefault(key, []).extend(float(t) for t, _ in s["values"])
+        return [(dict(k), sorted(set(ts))) for k, ts in merged.items()]
+
+    def rule_intervals(self) -> dict[str, timedelta]:
+        """Each alerting rule's evaluation interval, by alert name (its group's)."""
+        data = self._call(
+            lambda: self.client._session.get(  # the client has no rules call
+                f"{self.url}/api/v1/rules", params={"type": "alert"}, timeout=self.timeout
+            ).json()
+        )
+        try:
+            groups = data["data"]["groups"]
+            return {
+                rule["name"]: timedelta(seconds=float(group["interval"]))
+                for group in groups
+                for rule in group["rules"]
+                if rule.get("type") == "alerting"
+            }
+        except (KeyError, TypeError, ValueError) as e:
+            raise PrometheusError(f"{self.url}: /api/v1/rules: not the API's answer ({e!r})") from e
+
+    def flags(self) -> dict[str, str]:
+        """Prometheus' command-line flags (`/api/v1/status/flags`): its retention among them."""
+        data = self._call(
+            lambda: self.client._session.get(
+                f"{self.url}/api/v1/status/flags", timeout=self.timeout
+            ).json()
+        )
+        flags = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(flags, dict):
+            raise PrometheusError(f"{self.url}: /api/v1/status/flags: not the API's answer")
+        return {str(k): str(v) for k, v in flags.items()}
+
     def _call(self, call: Any) -> Any:
         try:
             return call()

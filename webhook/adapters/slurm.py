@@ -21,7 +21,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -155,20 +155,7 @@ class SlurmCluster:
         self._release: Release | None = None
 
     def _run(self, *argv: str) -> str:
-        try:
-            out = subprocess.run(
-                list(argv),
-                env=self.env,
-                capture_output=True,
-                text=True,
-                timeout=TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise SlurmError(f"{argv[0]}: {e}") from e
-        if out.returncode != 0:
-            raise SlurmError(f"{' '.join(argv)}: {out.stderr.strip()[:200]}")
-        return out.stdout
+        return run_command(argv, self.env, TIMEOUT_S)
 
     def release(self) -> Release:
         if self._release is None:
@@ -212,6 +199,24 @@ class SlurmCluster:
 
     def view(self) -> ClusterView:
         return self.snapshot().view()
+
+
+def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> str:
+    """A Slurm client command's stdout; SlurmError naming the command and what it said."""
+    try:
+        out = subprocess.run(
+            list(argv),
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmError(f"{argv[0]}: {e}") from e
+    if out.returncode != 0:
+        raise SlurmError(f"{' '.join(argv)}: {out.stderr.strip()[:300]}")
+    return out.stdout
 
 
 # ---- reading by shape ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ def main() -> None:
 
 
 def _register() -> None:
+    from webhook.cli.backtest import backtest
     from webhook.cli.cluster import cluster
     from webhook.cli.console import console
     from webhook.cli.decisions import decisions
@@ -56,6 +57,7 @@ def _register() -> None:
     main.add_command(resume)
     main.add_command(console)
     main.add_command(trial_group)
+    main.add_command(backtest)
 
 
 _register()

@@ -3,8 +3,12 @@ one-line errors), the ledger, a decisions table."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import csv
+import io
+import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
@@ -57,6 +61,22 @@ def ledger_of(config_path: Path | None) -> Ledger:
     except Unavailable as e:
         where = f"{config_path}" if config_path else "the embedded defaults (give --config)"
         raise click.ClickException(f"{e} [{where}]") from e
+
+
+def render_report(
+    fmt: str,
+    as_json: Callable[[], Any],
+    rows: Callable[[], list[list[Any]]],
+    markdown: Callable[[], str],
+) -> str:
+    """A report in one of the formats `trial report` and `backtest` share: md, csv, json."""
+    if fmt == "json":
+        return json.dumps(as_json(), indent=2) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(rows())
+        return buf.getvalue()
+    return markdown()
 
 
 def targets(row: DecisionRow) -> str:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
-from webhook.cli.common import config_option, ledger_of
+from webhook.cli.common import config_option, ledger_of, render_report
 from webhook.core import durations, trial
 from webhook.ledger.review import trial_rows
 
@@ -31,13 +28,12 @@ def when(value: str, name: str, now: datetime) -> datetime:
 
 
 def render(report: trial.Report, fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(trial.as_json(report), indent=2) + "\n"
-    if fmt == "csv":
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(trial.csv_rows(report))
-        return buf.getvalue()
-    return trial.as_markdown(report)
+    return render_report(
+        fmt,
+        lambda: trial.as_json(report),
+        lambda: trial.csv_rows(report),
+        lambda: trial.as_markdown(report),
+    )
 
 
 @click.group(name="trial")

@@ -187,3 +187,17 @@ class ReplicaRow(Base):
     loop_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     web_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     leading: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+
+class BacktestRow(Base):
+    """A backtest's report (`slurmedic backtest --save`), kept for the console and for the
+    team's review: the span, the policy it judged, the report as its JSON (webhook/backtest)."""
+
+    __tablename__ = "backtests"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    by: Mapped[str] = mapped_column(String(64))
+    span_from: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    span_to: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    policy: Mapped[str] = mapped_column(Text, default="")
+    report: Mapped[dict[str, Any]]

@@ -50,6 +50,7 @@ from webhook.ledger.figures import (
 from webhook.ledger.leases import Leases, LostLease, Term, check_term, current
 from webhook.ledger.schema import (
     AlertRow,
+    BacktestRow,
     DecisionEvent,
     DecisionRow,
     IncidentRow,
@@ -416,6 +417,39 @@ class Ledger:
         """Write a setting (its model checked it when it was made)."""
         with self.session.begin() as s:
             s.merge(SettingRow(key=value.key, value=value.model_dump(mode="json"), updated_at=at))
+
+    def save_backtest(
+        self,
+        report: dict[str, Any],
+        *,
+        at: datetime,
+        by: str,
+        span: tuple[datetime, datetime],
+        policy: str,
+    ) -> int:
+        """Keep a backtest's report (its JSON form); its id."""
+        with self.session.begin() as s:
+            row = BacktestRow(
+                at=at,
+                by=by[:64],
+                span_from=span[0],
+                span_to=span[1],
+                policy=policy,
+                report=report,
+            )
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def backtests(self, limit: int = 50) -> list[BacktestRow]:
+        """The latest backtests kept, newest first."""
+        with self.session() as s:
+            rows = s.scalars(select(BacktestRow).order_by(BacktestRow.id.desc()).limit(limit))
+            return list(rows.all())
+
+    def backtest(self, backtest_id: int) -> BacktestRow | None:
+        with self.session() as s:
+            return s.get(BacktestRow, backtest_id)
 
     def rows(self, ids: Sequence[int]) -> list[DecisionRow]:
         with self.session() as s:

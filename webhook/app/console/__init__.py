@@ -27,6 +27,7 @@ from flask import (
 )
 
 from webhook.app.console.auth import UsersError, check_login, current, require, settings
+from webhook.backtest.report import WORDS
 from webhook.core import disruption, trial
 from webhook.core.changes import Change, changes
 from webhook.core.lifecycle import APPROVED, AWAITING_APPROVAL, REJECTED, STATES
@@ -221,6 +222,24 @@ def trial_report() -> Any:
         days=int(days),
         harmful=trial.harmful,
     )
+
+
+@console.route("/backtests")
+@require("viewer")
+def backtests() -> Any:
+    """The backtests kept (`slurmedic backtest --save`), newest first."""
+    return render_template("console/backtests.html", rows=ledger().backtests())
+
+
+@console.route("/backtest/<int:backtest_id>")
+@require("viewer")
+def backtest(backtest_id: int) -> Any:
+    """One backtest: counts, each incident beside what happened, what people did that no
+    alert reported, and what could not be reconstructed."""
+    row = ledger().backtest(backtest_id)
+    if row is None:
+        abort(404, f"no backtest {backtest_id}")
+    return render_template("console/backtest.html", row=row, report=row.report, words=WORDS)
 
 
 def _timeline(
