@@ -88,11 +88,11 @@ def fired_for(cfg: LabConfig, alertname: str, node: str) -> float:
     return float(r[0]["value"]) if r else 0.0
 
 
-def backtest(cfg: LabConfig, tmp: Path, start: datetime, end: datetime) -> dict[str, Any]:
-    """The report as JSON, the scenario's replay beside it; kept in slurmedic's ledger too
-    (`--save`, for the console), as an operator would run it beside the service."""
-    scenario = tmp / "scenario.yml"
-    proc = subprocess.run(
+def slurmedic_backtest(
+    cfg: LabConfig, tmp: Path, start: datetime, end: datetime, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`slurmedic backtest` of the span with the lab tests' policy, as an operator runs it."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -102,16 +102,29 @@ def backtest(cfg: LabConfig, tmp: Path, start: datetime, end: datetime) -> dict[
             f"--from={iso(start)}",
             f"--to={iso(end)}",
             f"--policy={lab_policy(tmp, 'monitor')}",
-            "--format=json",
-            f"--scenario-out={scenario}",
-            f"--config={cfg.slurmedic_config}",
-            "--save",
+            *args,
         ],
         env=cfg.env(),
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+    )
+
+
+def backtest(cfg: LabConfig, tmp: Path, start: datetime, end: datetime) -> dict[str, Any]:
+    """The report as JSON, the scenario's replay beside it; kept in slurmedic's ledger too
+    (`--save`, for the console), as an operator would run it beside the service."""
+    scenario = tmp / "scenario.yml"
+    proc = slurmedic_backtest(
+        cfg,
+        tmp,
+        start,
+        end,
+        "--format=json",
+        f"--scenario-out={scenario}",
+        f"--config={cfg.slurmedic_config}",
+        "--save",
     )
     assert proc.returncode == 0, proc.stderr
     assert "kept as backtest" in proc.stderr
@@ -126,25 +139,7 @@ def backtest(cfg: LabConfig, tmp: Path, start: datetime, end: datetime) -> dict[
     report["replayed"] = json.loads(replayed.stdout)["decisions"]
     # The same report for people (markdown), kept beside the screenshots when asked.
     md = tmp / "backtest.md"
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "webhook.cli",
-            "backtest",
-            f"--prometheus={cfg.prometheus_url}",
-            f"--from={iso(start)}",
-            f"--to={iso(end)}",
-            f"--policy={lab_policy(tmp, 'monitor')}",
-            "--format=md",
-            f"--out={md}",
-        ],
-        env=cfg.env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    again = slurmedic_backtest(cfg, tmp, start, end, "--format=md", f"--out={md}")
     assert again.returncode == 0, again.stderr
     report["markdown"] = md.read_text()
     if target := os.environ.get("SLURMEDIC_SCREENSHOTS"):

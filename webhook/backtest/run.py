@@ -9,7 +9,7 @@ the lab's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -170,7 +170,3 @@ def run(
         "nodes": str(len(inputs.shape.nodes)),
     }
     return report, data
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
