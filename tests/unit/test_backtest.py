@@ -48,6 +48,26 @@ def test_a_gap_of_more_than_two_evaluations_is_a_new_alert_and_the_last_sample_r
     assert open_[0].resolved_at is None
 
 
+def test_an_alert_already_firing_when_the_span_begins_is_left_out():
+    labels = {"alertname": "GpuXidNodeFault", "node": "gpu01"}
+    every = 15 * S
+    span_start = T0 + M
+    spans = firing_spans(
+        [
+            (labels, samples(T0 + 30 * S, T0 + 3 * M, every)),  # fired before the span began
+            (labels | {"node": "gpu02"}, samples(span_start, T0 + 3 * M, every)),  # at its start
+            (labels | {"node": "gpu03"}, samples(T0 + 2 * M, T0 + 3 * M, every)),
+            (labels | {"node": "gpu04"}, samples(T0, T0 + 30 * S, every)),  # over before it
+        ],
+        {},
+        every,
+        T0 + H,
+    )
+    kept, earlier = history.began_in(spans, span_start)
+    assert [s.labels["node"] for s in kept] == ["gpu02", "gpu03"]
+    assert [s.labels["node"] for s in earlier] == ["gpu01"]
+
+
 def test_who_took_a_node_out_of_service():
     def ev(reason: str, user: str = "root") -> NodeEvent:
         return NodeEvent("gpu01", T0, None, "DRAIN", reason, user)

@@ -125,6 +125,22 @@ def firing_spans(
     return spans
 
 
+def began_in(
+    spans: Iterable[FiringSpan], start: datetime
+) -> tuple[list[FiringSpan], list[FiringSpan]]:
+    """The spans that began at or after `start`, and those already firing then: an earlier
+    fault, whose alert and answer may both predate the backtest's span, is not judged by it.
+    Spans over before `start` are in neither."""
+    kept: list[FiringSpan] = []
+    earlier: list[FiringSpan] = []
+    for span in spans:
+        if span.starts_at >= start:
+            kept.append(span)
+        elif span.resolved_at is None or span.resolved_at > start:
+            earlier.append(span)
+    return kept, earlier
+
+
 # ---- accounting -------------------------------------------------------------------------------
 
 

@@ -56,15 +56,27 @@ def read(
     except PrometheusError as e:
         intervals = {}
         limits.append(f"rule intervals unknown ({e}); alert gaps judged at 1 min")
+    # From a little before the span: an alert with a sample there was firing when the span
+    # began (two evaluations cover any gap a firing alert leaves).
+    before = 2 * max([*intervals.values(), DEFAULT_INTERVAL])
     try:
-        series = prometheus.raw_samples("ALERTS", {"alertstate": "firing"}, start, until, CHUNK)
+        series = prometheus.raw_samples(
+            "ALERTS", {"alertstate": "firing"}, start - before, until, CHUNK
+        )
     except PrometheusError as e:
         raise BacktestError(f"alert history: {e}") from e
     ours = [(labels, ts) for labels, ts in series if labels.get("signal") in SIGNALS]
     others = {labels.get("alertname", "") for labels, _ in series} - {
         labels.get("alertname", "") for labels, _ in ours
     }
-    spans = history.firing_spans(ours, intervals, DEFAULT_INTERVAL, until)
+    spans, earlier = history.began_in(
+        history.firing_spans(ours, intervals, DEFAULT_INTERVAL, until), start
+    )
+    if earlier:
+        limits.append(
+            f"{len(earlier)} alert(s) already firing when the span began left out: earlier "
+            "faults, whose answers may predate the span"
+        )
     limits += _retention(prometheus, start, now)
     if others:
         names = ", ".join(sorted(others)[:5]) + (" ..." if len(others) > 5 else "")
