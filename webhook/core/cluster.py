@@ -43,6 +43,8 @@ ENDED_STATES = {
 
 # Ends by a fault: what slurmedic recovers from.
 FAILED_STATES = ENDED_STATES - ENDED_ON_PURPOSE
+# Waiting to run (again): a requeued job's next attempt has not started in these.
+WAITING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 
 
 def _ran_at(job: Job, at: datetime) -> bool:
@@ -103,6 +105,11 @@ class Job:
         return self.state in ACTIVE_STATES
 
     @property
+    def waiting(self) -> bool:
+        """Waiting to run, or to run again: its current attempt has not started."""
+        return self.state in WAITING_STATES
+
+    @property
     def has_ended(self) -> bool:
         """No longer running nor waiting to (completed, failed, cancelled, requeued...)."""
         return not self.active and self.state != "PENDING"
@@ -142,7 +149,7 @@ def eligible(job: Job) -> bool:
     requeue). The wait before the first start is the queue's, not a failure's."""
     if job.active:
         return True
-    return job.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED") and job.restarts > 0
+    return job.state in WAITING_STATES and job.restarts > 0
 
 
 @dataclass

@@ -240,11 +240,14 @@ class Engine:
 
     def _attempt_key(self, job: Job, ev: Evidence) -> str:
         """The attempt that was running when the failure began: a late alert about the attempt
-        slurmedic already requeued belongs to that attempt, not to its successor; so does a
-        stall whose last progress predates the successor (it has not reported yet)."""
+        slurmedic already requeued belongs to that attempt, not to its successor, and so does
+        every alert while the successor waits to start (Slurm's start_time of a waiting job is
+        no start); so does a stall whose last progress predates the successor (it has not
+        reported yet)."""
         began = ev.since or ev.starts_at
         attempt = job.restarts
-        if job.restarts > 0 and job.started is not None and began < job.started:
+        not_yet = job.waiting or (job.started is not None and began < job.started)
+        if job.restarts > 0 and not_yet:
             attempt -= 1
         # Spelt once per attempt, not once per alert.
         if (key := self._attempt_keys.get((job.id, attempt))) is None:
