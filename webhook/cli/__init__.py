@@ -38,6 +38,7 @@ def _register() -> None:
     from webhook.cli.review import approve, reject, review, verdict
     from webhook.cli.rules import rules
     from webhook.cli.serve import loop_cmd, serve
+    from webhook.cli.simulate import simulate
     from webhook.cli.switches import breaker, resume, switch
     from webhook.cli.trial import trial_group
 
@@ -58,6 +59,7 @@ def _register() -> None:
     main.add_command(console)
     main.add_command(trial_group)
     main.add_command(backtest)
+    main.add_command(simulate)
 
 
 _register()

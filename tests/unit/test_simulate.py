@@ -1,0 +1,203 @@
+"""The goodput simulator: its failure trace, the world it simulates, the four policies on it
+(slurmedic's through the real core), and `slurmedic simulate`."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from webhook.cli import main
+from webhook.core.policy import load_policy
+from webhook.simulate.model import LLAMA3_CAUSES, SimConfig, llama3_rates
+from webhook.simulate.responders import Slurmedic
+from webhook.simulate.run import Outcome, simulate
+from webhook.simulate.site import delays
+from webhook.simulate.trace import Fault, draw
+from webhook.simulate.world import World
+
+H = 3600.0
+
+
+def small(**kw: object) -> SimConfig:
+    """64 nodes in 4 leaves; one 48-node job and two 4-node jobs; 8 spare nodes."""
+    base: dict[str, object] = {
+        "days": 1,
+        "nodes": 64,
+        "jobs": [
+            {"name": "big", "nodes": 48, "restart": "5m"},
+            {"name": "small", "count": 2, "nodes": 4, "restart": "2m"},
+        ],
+    }
+    return SimConfig.model_validate(base | kw)
+
+
+def run(cfg: SimConfig, policy: str, faults: list[Fault], **pol: object) -> Outcome:
+    return simulate(cfg, policy, policy=load_policy(pol), faults=faults)
+
+
+def test_the_default_trace_is_llama_3s_mix_and_a_seed_is_one_trace():
+    # 419 interruptions less the 6 silent data corruptions no rule sees.
+    counted = sum(sum(c.values()) for c in LLAMA3_CAUSES.values())
+    assert counted == 413
+    assert sum(llama3_rates().values()) * 54 * 2048 / 1000 == pytest.approx(413)
+    cfg = SimConfig(days=10)
+    assert draw(cfg) == draw(cfg)
+    assert draw(cfg) != draw(cfg.model_copy(update={"seed": 2}))
+    kinds = {f.kind for f in draw(SimConfig())}
+    assert kinds == {"gpu", "node", "link", "switch", "app", "hang"}
+
+
+def test_a_gpu_off_the_bus_slurmedic_drains_that_node_and_requeues_the_job_away_from_it():
+    cfg = small()
+    fault = [Fault(2 * H, "gpu", 5, gpu=3)]  # node 5 runs the big job
+    got = {p: run(cfg, p, fault) for p in ("none", "slurmedic", "oracle")}
+    s = got["slurmedic"]
+    assert (s.tally.drains, s.tally.healthy_drained, s.tally.requeues) == (1, 0, 1)
+    assert s.decisions >= 2
+    # Each answer costs the big job less than no automation's, and none beats the oracle.
+    assert got["oracle"].ettr_largest >= s.ettr_largest > got["none"].ettr_largest
+    # It lost the work since its last checkpoint and its restart, about 30 minutes of 24 h.
+    assert 1 - 30 / (24 * 60) - 0.03 < s.ettr_largest / got["oracle"].ettr_largest <= 1
+
+
+def test_the_decisions_come_from_the_real_core():
+    cfg = small()
+    world = World(cfg, delays())
+    responder = Slurmedic(world, load_policy({}))
+    world.on_alert, world.on_change = responder.alert, responder.changed
+    world.later(H, lambda: world.fail(Fault(H, "gpu", 5, gpu=1)))
+    world.place()
+    world.flush()
+    while world.next_event() is not None or responder.next_due() is not None:
+        event, due = world.next_event(), responder.next_due()
+        if event is not None and (due is None or event <= due):
+            world.step()
+        else:
+            assert due is not None
+            world.now = due
+            responder.tick()
+    acted = [(d.incident, d.action, d.nodes, d.exclude, d.cause) for d in responder.decisions]
+    assert ("1.0", "drain", ("gpu00006",), (), "gpu_hardware") in acted
+    assert ("1.0", "requeue", (), ("gpu00006",), "gpu_hardware") in acted
+    big = world.jobs[1]
+    assert big.state == "RUNNING" and big.restarts == 1
+    assert world.nodes[5].index not in big.nodes
+
+
+def test_a_leaf_switch_storm_naive_drains_healthy_nodes_slurmedic_drains_none():
+    cfg = small()
+    storm = [Fault(2 * H, "switch", 1)]  # leaf 1: nodes 16-31, under the big job
+    naive = run(cfg, "naive", storm)
+    ours = run(cfg, "slurmedic", storm)
+    assert naive.tally.healthy_drained >= 16
+    assert ours.tally.healthy_drained == 0 and ours.tally.drains == 0
+    assert ours.tally.escalations >= 1  # a shared cause: a person decides the job
+    # Too little capacity away from the leaf: the person requeues it once the leaf is mended.
+    assert ours.tally.requeues == 1
+    assert ours.ettr_largest > 0.8
+
+
+def test_a_bug_that_recurs_is_stopped_and_one_a_restart_cures_is_a_needless_stop():
+    cfg = small()
+    recurs = [Fault(2 * H, "app", 5, recurs=True, fix_after=3 * H)]
+    once = [Fault(2 * H, "app", 5)]
+    stopped = run(cfg, "slurmedic", recurs)
+    assert (stopped.tally.stops, stopped.tally.needless_stops) == (1, 0)
+    needless = run(cfg, "slurmedic", once)
+    assert (needless.tally.stops, needless.tally.needless_stops) == (1, 1)
+    # The job's owner can ask for requeues of its own crashes: then a restart cures it.
+    asking = small(
+        jobs=[
+            {"name": "big", "nodes": 48, "comment": '{"slurmedic": {"retry_application": true}}'},
+            {"name": "small", "count": 2, "nodes": 4},
+        ]
+    )
+    retried = run(asking, "slurmedic", once)
+    assert (retried.tally.stops, retried.tally.requeues) == (0, 1)
+    assert retried.ettr_largest > needless.ettr_largest
+
+
+def test_past_the_retry_budget_the_core_stops_a_job_whose_nodes_keep_failing():
+    cfg = small()
+    faults = [Fault((2 + i) * H, "gpu", 5 + i) for i in range(4)]
+    default = run(cfg, "slurmedic", faults)
+    assert default.tally.requeues == 3 and default.tally.needless_stops == 1
+    assert default.guards == {"retry_budget_exhausted": 2}  # the stop and its escalation
+    sized = run(cfg, "slurmedic", faults, retry_budget={"max_requeues": 10})
+    assert sized.tally.requeues == 4 and sized.tally.stops == 0
+    assert sized.ettr_largest > default.ettr_largest
+
+
+def test_every_policy_on_a_drawn_trace():
+    cfg = small(days=3, seed=4, rates={k: v * 20 for k, v in llama3_rates().items()})
+    faults = draw(cfg)
+    assert len(faults) > 10
+    got = {p: run(cfg, p, faults) for p in ("none", "naive", "slurmedic", "oracle")}
+    assert all(o.ettr_cluster <= got["oracle"].ettr_cluster for o in got.values())
+    assert got["oracle"].tally.healthy_drained == 0
+    assert got["naive"].tally.healthy_drained > 0
+
+
+def test_the_delays_come_from_the_rule_config_and_alertmanagers_route():
+    d = delays()
+    assert (d.hang_after, d.ib_port_down_for, d.group_interval) == (600, 60, 5)
+
+
+def test_slurmedic_simulate_prints_a_row_a_policy_and_a_sweep(tmp_path: Path):
+    cluster = tmp_path / "cluster.yml"
+    cluster.write_text(
+        "nodes: 64\nleaf_nodes: 16\njobs:\n  - {name: big, nodes: 48}\nrates: {gpu: 100, app: 20}\n"
+    )
+    runner = CliRunner()
+    got = runner.invoke(
+        main,
+        [
+            "simulate",
+            "--cluster",
+            str(cluster),
+            "--days",
+            "1",
+            "--format",
+            "json",
+            "--sweep",
+            "10m,1h",
+            "--policies",
+            "slurmedic,oracle",
+        ],
+    )
+    assert got.exit_code == 0, got.output
+    out = json.loads(got.output)
+    assert [o["policy"] for o in out["outcomes"]] == ["slurmedic", "oracle"]
+    assert set(out["sweep"]) == {str(timedelta(minutes=10)), str(timedelta(hours=1))}
+    assert out["outcomes"][0]["decisions"] > 0
+    md = runner.invoke(main, ["simulate", "--cluster", str(cluster), "--days", "1"])
+    assert md.exit_code == 0 and "| naive |" in md.output and "ETTR (cluster)" in md.output
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--policies", "smart"], "'smart' is not one of none, naive, slurmedic, oracle"),
+        (["--plot", "x.png"], "a plot needs --sweep"),
+        (["--sweep", "0s"], "give durations above 0"),
+        (["--nodes", "100"], "the jobs need 1984 nodes, the cluster has 100"),
+    ],
+)
+def test_bad_options_are_one_line_errors(args: list[str], says: str):
+    got = CliRunner().invoke(main, ["simulate", "--days", "1", *args])
+    assert got.exit_code == 2 and says in got.output
+
+
+def test_a_bad_cluster_file_names_the_key(tmp_path: Path):
+    bad = tmp_path / "cluster.yml"
+    bad.write_text("jobs:\n  - {name: big, nodes: 0}\n")
+    got = CliRunner().invoke(main, ["simulate", "--cluster", str(bad)])
+    assert got.exit_code == 1 and "jobs.0.nodes" in got.output
+    unknown = tmp_path / "typo.yml"
+    unknown.write_text("nodez: 4\n")
+    got = CliRunner().invoke(main, ["simulate", "--cluster", str(unknown)])
+    assert got.exit_code == 1 and "nodez: unknown key" in got.output

@@ -1,0 +1,92 @@
+"""`slurmedic simulate`'s report: one row a policy (and a table of ETTR by checkpoint interval),
+as markdown, csv or json. Pure: outcomes in, text out."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from webhook.simulate.model import SimConfig
+from webhook.simulate.run import Outcome
+from webhook.simulate.trace import Fault
+
+COLUMNS = (
+    ("policy", "policy"),
+    ("ettr_cluster", "ETTR (cluster)"),
+    ("ettr_largest", "ETTR (largest job)"),
+    ("gpu_hours_lost", "GPU-hours lost"),
+    ("healthy_drained", "healthy nodes drained"),
+    ("needless_stops", "jobs stopped needlessly"),
+    ("escalations", "escalations"),
+    ("drains", "drains"),
+    ("requeues", "requeues"),
+    ("stops", "stops"),
+    ("owner_restarts", "restarted by their owner"),
+    ("alerts", "alerts"),
+    ("decisions", "core decisions"),
+    ("seconds", "run (s)"),
+)
+
+
+def _cell(key: str, value: Any) -> str:
+    if key.startswith("ettr"):
+        return f"{value:.4f}"
+    if key == "seconds":
+        return f"{value:.1f}"
+    if isinstance(value, float):
+        return f"{value:,.0f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def trace_line(faults: list[Fault]) -> str:
+    kinds = Counter(f.kind for f in faults)
+    return f"{len(faults)} failures (" + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ")"
+
+
+def header(cfg: SimConfig, faults: list[Fault], policy: str) -> str:
+    gpus = cfg.nodes * cfg.gpus_per_node
+    jobs = ", ".join(
+        f"{c.count} x {c.name} ({c.nodes} nodes, checkpoint every {c.checkpoint_every})"
+        for c in cfg.jobs
+    )
+    return (
+        f"# Goodput simulation: {cfg.days:g} days, {cfg.nodes:,} nodes x {cfg.gpus_per_node} GPUs "
+        f"({gpus:,}), seed {cfg.seed}\n\n"
+        f"- jobs: {jobs}\n"
+        f"- trace: {trace_line(faults)}\n"
+        f"- slurmedic's policy: {policy}, every action enforced\n"
+        f"- people answer in {cfg.human.median} (median), {cfg.human.p90} (90th percentile)\n"
+    )
+
+
+def as_markdown(outcomes: list[Outcome], head: str) -> str:
+    names = [title for _, title in COLUMNS]
+    lines = [head, "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for o in outcomes:
+        row = o.to_json()
+        lines.append("| " + " | ".join(_cell(k, row[k]) for k, _ in COLUMNS) + " |")
+    for o in outcomes:
+        if o.guards:
+            said = ", ".join(f"{g} {n}" for g, n in o.guards.items())
+            lines.append(f"\n{o.policy}: decisions a guard changed: {said}")
+    return "\n".join(lines) + "\n"
+
+
+def rows(outcomes: list[Outcome]) -> list[list[Any]]:
+    out: list[list[Any]] = [[k for k, _ in COLUMNS]]
+    out += [[o.to_json()[k] for k, _ in COLUMNS] for o in outcomes]
+    return out
+
+
+def sweep_markdown(sweep: dict[str, list[Outcome]]) -> str:
+    """ETTR (cluster) by checkpoint interval, one column a policy."""
+    policies = [o.policy for o in next(iter(sweep.values()))]
+    lines = [
+        "## ETTR (cluster) by checkpoint interval",
+        "",
+        "| checkpoint every | " + " | ".join(policies) + " |",
+        "|" + "---|" * (len(policies) + 1),
+    ]
+    for every, outcomes in sweep.items():
+        lines.append(f"| {every} | " + " | ".join(f"{o.ettr_cluster:.4f}" for o in outcomes) + " |")
+    return "\n".join(lines) + "\n"

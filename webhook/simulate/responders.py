@@ -1,0 +1,214 @@
+"""Who answers failures in the simulated cluster, one class a policy:
+
+- `none`: no automation; a person does the right thing after their delay;
+- `naive`: drain every node an alert names and requeue its job at once;
+- `slurmedic`: the real core (webhook.core.engine, as replay runs it) on the alerts and the
+  view, its decisions carried out as in enforce mode; what it escalates a person does later;
+- `oracle`: the right thing at the moment of the failure (perfect attribution, no delay).
+
+"The right thing" knows the truth: drain the broken node, requeue the job away from it (from a
+broken leaf while it is down), stop a job whose bug recurs until its owner fixed it, requeue
+one that a restart cures.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Protocol
+
+from webhook.core.alerts import Alert, wrap
+from webhook.core.decisions import Decision
+from webhook.core.engine import Engine
+from webhook.core.incidents import BadIncidentKey, IncidentKey
+from webhook.core.lifecycle import PENDING
+from webhook.core.policy import Policy
+from webhook.simulate.model import NODE_FAULTS
+from webhook.simulate.trace import Fault
+from webhook.simulate.world import EPOCH, SimJob, World, node_name, when
+
+POLICIES = ("none", "naive", "slurmedic", "oracle")
+
+
+class Responder(Protocol):
+    def alert(self, alert: Alert) -> None: ...
+    def failure(self, fault: Fault, jobs: list[SimJob]) -> None: ...
+    def changed(self) -> None: ...
+    def next_due(self) -> float | None: ...
+    def tick(self) -> None: ...
+
+
+def remedy(world: World, fault: Fault, jobs: list[tuple[SimJob, int]], *, oracle: bool) -> None:
+    """The right thing about `fault` for the attempts it hit (those still current)."""
+    exclude: list[str] = []
+    if fault.kind in NODE_FAULTS:
+        exclude = [node_name(fault.where)]
+        world.drain(exclude)
+    elif fault.kind == "switch" and (mended := world.leaf_down_until[fault.where]) > world.now:
+        exclude = [n.name for n in world.nodes if n.leaf == fault.where]
+        if any(not world.fits_without(job, exclude) for job, _ in jobs):
+            # Not enough healthy capacity away from the leaf: requeue once it is mended.
+            later = [(job, attempt) for job, attempt in jobs]
+            world.later(mended, lambda: remedy(world, fault, later, oracle=oracle))
+            return
+    for job, attempt in jobs:
+        if job.restarts != attempt:
+            continue  # someone moved it on meanwhile
+        if fault.kind == "app" and job.fixed_at is not None and job.fixed_at > world.now:
+            # Its owner submits it again once the bug is fixed: the oracle the moment it is.
+            world.stop(job, back=job.fixed_at if oracle else None)
+        else:
+            world.requeue(job, exclude)
+
+
+class Person:
+    """Shared by `none` and by what slurmedic escalates: a person acts after their delay."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def handle(self, fault: Fault, jobs: list[SimJob]) -> None:
+        w = self.world
+        attempts = [(j, j.restarts) for j in jobs]
+        w.later(
+            w.now + w.cfg.human.draw(w.people), lambda: remedy(w, fault, attempts, oracle=False)
+        )
+
+
+class _Passive:
+    def alert(self, alert: Alert) -> None:
+        pass
+
+    def failure(self, fault: Fault, jobs: list[SimJob]) -> None:
+        pass
+
+    def changed(self) -> None:
+        pass
+
+    def next_due(self) -> float | None:
+        return None
+
+    def tick(self) -> None:
+        pass
+
+
+class NoAutomation(_Passive):
+    def __init__(self, world: World) -> None:
+        self.person = Person(world)
+
+    def failure(self, fault: Fault, jobs: list[SimJob]) -> None:
+        self.person.handle(fault, jobs)
+
+
+class Oracle(_Passive):
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def failure(self, fault: Fault, jobs: list[SimJob]) -> None:
+        remedy(self.world, fault, [(j, j.restarts) for j in jobs], oracle=True)
+
+
+class Naive(_Passive):
+    """Drain every node an alert names; requeue the job of an alert about its current attempt
+    at once, away from the nodes drained so far."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def alert(self, alert: Alert) -> None:
+        w, labels = self.world, alert.labels
+        if node := labels.get("node"):
+            w.drain([node])
+        job = w.job_of(labels.get("slurm_job_id", ""))
+        if job is None and node and (held := w.nodes[w.node_index(node)].job) is not None:
+            job = w.jobs[held]
+        current = job is not None and when(job.started) <= alert.startsAt
+        if job is not None and current and job.state not in ("PENDING", "CANCELLED"):
+            gone = [w.nodes[i].name for i in job.nodes if w.nodes[i].out]
+            w.requeue(job, gone)
+
+
+class Slurmedic(_Passive):
+    """The real core, as `slurmedic replay` runs it, on the simulated clock; its decisions are
+    carried out as the executor would (a requeue or a stop only of the attempt decided on)."""
+
+    def __init__(self, world: World, policy: Policy) -> None:
+        self.world = world
+        # What-if it acted: every action in enforce mode, on every partition.
+        acting = policy.model_copy(update={"mode": "enforce", "actions": {}, "partitions": {}})
+        self.engine = Engine.with_history(world.view, acting, [])
+        self.person = Person(world)
+        self.carried: set[str] = set()
+        self.decisions: list[Decision] = []
+
+    def _now(self) -> datetime:
+        return when(self.world.now)
+
+    def alert(self, alert: Alert) -> None:
+        self.engine.receive(wrap([alert]), self._now())
+
+    def changed(self) -> None:
+        self.engine.update_view(self.world.view, self._now())
+
+    def next_due(self) -> float | None:
+        due = self.engine.next_due()
+        return None if due is None else (due - EPOCH).total_seconds()
+
+    def tick(self) -> None:
+        self.engine.close([k for k in self.engine.revisable() if k in self.carried])
+        for d in self.engine.tick(self._now()):
+            self.decisions.append(d)
+            if d.state == PENDING:
+                self._carry_out(d)
+        self.world.flush()
+
+    def _attempt(self, d: Decision) -> SimJob | None:
+        """The job, when the attempt decided on is still its current one."""
+        try:
+            key = IncidentKey.parse(d.incident)
+        except BadIncidentKey:
+            return None
+        job = self.world.jobs.get(key.job) if key.job is not None else None
+        return job if job is not None and job.restarts == key.attempt else None
+
+    @staticmethod
+    def _node_of(d: Decision) -> list[str]:
+        try:
+            key = IncidentKey.parse(d.incident)
+        except BadIncidentKey:
+            return []
+        return [key.node] if key.node is not None else []
+
+    def _carry_out(self, d: Decision) -> None:
+        w = self.world
+        self.carried.add(d.incident)
+        if d.action == "drain":
+            w.drain(d.nodes)
+        elif d.action in ("requeue", "stop") and (job := self._attempt(d)) is not None:
+            if d.action == "requeue":
+                w.requeue(job, d.exclude)
+            else:
+                w.stop(job)
+        elif d.action == "escalate":
+            w.tally.escalations += 1
+            job = self._attempt(d)
+            if job is not None and job.fault is not None:
+                self.person.handle(job.fault, [job])
+            for name in d.nodes or self._node_of(d):
+                node = w.nodes[w.node_index(name)]
+                if node.broken is not None:
+                    self.person.handle(node.broken, [])
+        elif d.action == "resume":
+            for name in d.nodes:
+                w.resume(w.nodes[w.node_index(name)])
+
+
+def responder(name: str, world: World, policy: Policy) -> Responder:
+    if name == "none":
+        return NoAutomation(world)
+    if name == "naive":
+        return Naive(world)
+    if name == "oracle":
+        return Oracle(world)
+    if name == "slurmedic":
+        return Slurmedic(world, policy)
+    raise ValueError(f"policy: {name!r} is not one of {', '.join(POLICIES)}")

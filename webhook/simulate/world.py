@@ -1,0 +1,531 @@
+"""The simulated cluster: nodes that break and are mended, jobs that train, checkpoint, stall,
+fail and are requeued, and the alerts the rules would send about all of it, on a clock of
+seconds. Responders (webhook.simulate.responders) act on it through `drain`, `requeue`, `stop`
+and `later`; it keeps the core's view of it (a ClusterView) as Slurm would show it.
+
+What it keeps of each job is what ETTR needs: productive time is checkpointed training; a
+failure loses the work since the last checkpoint, the wait until the next attempt starts and
+that attempt's start-up."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+
+from webhook.core.alerts import Alert
+from webhook.core.cluster import ClusterView, Job, Node
+from webhook.simulate.model import Delays, JobClass, SimConfig
+from webhook.simulate.trace import Fault, leaves
+
+EPOCH = datetime(2026, 1, 5, tzinfo=UTC)  # the simulated span's start (a Monday)
+PARTITION = "train"
+FOREVER = math.inf
+
+
+def when(t: float) -> datetime:
+    return EPOCH + timedelta(seconds=t)
+
+
+def node_name(i: int) -> str:
+    return f"gpu{i + 1:05d}"
+
+
+@dataclass
+class SimNode:
+    index: int
+    name: str
+    leaf: int
+    broken: Fault | None = None  # the truth: a gpu, node or link fault not yet mended
+    out: str = ""  # "drain" or "down": out of service
+    job: int | None = None
+
+
+@dataclass
+class SimJob:
+    id: int
+    cls: JobClass
+    gpus: int
+    nodes: list[int] = field(default_factory=list)
+    state: str = "PENDING"
+    restarts: int = 0
+    started: float = 0.0
+    ended: float | None = None
+    stalled: float | None = None  # when the current attempt stopped making progress
+    fault: Fault | None = None  # what stopped it (the truth)
+    exclude: frozenset[int] = frozenset()
+    fixed_at: float | None = None  # a recurring bug in its code is fixed then
+    productive: float = 0.0
+    attempts: int = 0
+    not_before: float = 0.0  # a requeued job starts no sooner
+
+    @property
+    def running(self) -> bool:
+        return self.state == "RUNNING"
+
+    def saved(self, t: float, *, last: bool = False) -> float:
+        """Checkpointed training of the current attempt by `t` (`last`: the span ends, nothing
+        is lost)."""
+        cls = self.cls
+        trained = min(self.stalled if self.stalled is not None else t, t)
+        trained -= self.started + cls.restart.total_seconds()
+        if trained <= 0:
+            return 0.0
+        every = cls.checkpoint_every.total_seconds()
+        cycle = every + cls.checkpoint_write.total_seconds()
+        done, rest = divmod(trained, cycle)
+        return done * every + (min(rest, every) if last else 0.0)
+
+
+@dataclass
+class Tally:
+    """What happened, counted the same for every policy."""
+
+    drains: int = 0
+    healthy_drained: int = 0  # drains of nodes nothing was wrong with
+    requeues: int = 0
+    stops: int = 0
+    needless_stops: int = 0  # stops of jobs a requeue would have brought back
+    escalations: int = 0
+    alerts: int = 0
+    failures: int = 0  # failures that hit a job (recurrences included)
+    owner_restarts: int = 0  # failed jobs nobody had acted on when their owner looked
+
+
+class World:
+    def __init__(self, cfg: SimConfig, delays: Delays) -> None:
+        self.cfg = cfg
+        self.delays = delays
+        # Two streams, so that one policy's extra alerts do not change when another's people
+        # answer: the monitoring's delays, and people's.
+        self.rng = random.Random(cfg.seed * 7919 + 1)
+        self.people = random.Random(cfg.seed * 7919 + 2)
+        self.now = 0.0
+        self.tally = Tally()
+        self.nodes = [SimNode(i, node_name(i), i // cfg.leaf_nodes) for i in range(cfg.nodes)]
+        self.leaf_down_until = [0.0] * leaves(cfg)
+        self.jobs: dict[int, SimJob] = {}
+        ids = itertools.count(1)
+        for cls in cfg.jobs:
+            for _ in range(cls.count):
+                job = SimJob(next(ids), cls, cls.nodes * cfg.gpus_per_node)
+                self.jobs[job.id] = job
+        self.view = ClusterView(
+            switches={
+                f"leaf{leaf:04d}": tuple(n.name for n in self.nodes if n.leaf == leaf)
+                for leaf in range(len(self.leaf_down_until))
+            }
+        )
+        for n in self.nodes:
+            self._show_node(n)
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        # Set by the run: where alerts and failures go, and the view's changes.
+        self.on_alert: Callable[[Alert], None] = lambda _a: None
+        self.on_failure: Callable[[Fault, list[SimJob]], None] = lambda _f, _j: None
+        self.on_change: Callable[[], None] = lambda: None
+        self.on_owner: Callable[[Fault, SimJob], None] = lambda _f, _j: None
+        self._changed = False
+        self._held: dict[tuple[tuple[str, str], ...], float] = {}  # series: firing until
+
+    # ---- the clock ---------------------------------------------------------------------
+    def later(self, at: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (at, next(self._seq), fn))
+
+    def next_event(self) -> float | None:
+        return self._events[0][0] if self._events else None
+
+    def step(self) -> None:
+        """Run every event due at the earliest time, then tell the responder what changed."""
+        at = self._events[0][0]
+        self.now = max(self.now, at)
+        while self._events and self._events[0][0] == at:
+            heapq.heappop(self._events)[2]()
+        self.flush()
+
+    def flush(self) -> None:
+        if self._changed:
+            self._changed = False
+            self.on_change()
+
+    # ---- the core's view ---------------------------------------------------------------
+    def _show_node(self, n: SimNode) -> None:
+        state = n.out or ("alloc" if n.job is not None else "idle")
+        reason = {"drain": "slurmedic sim", "down": "Not responding"}.get(n.out, "")
+        self.view.nodes[n.name] = Node(
+            n.name, PARTITION, state, reason, f"leaf{n.leaf:04d}", gpus=self.cfg.gpus_per_node
+        )
+        self._changed = True
+
+    def _show_job(self, j: SimJob) -> None:
+        self.view.set_job(
+            Job(
+                id=j.id,
+                nodes=tuple(self.nodes[i].name for i in j.nodes),
+                partition=PARTITION,
+                name=j.cls.name,
+                user="sim",
+                comment=j.cls.comment,
+                state=j.state,
+                restarts=j.restarts,
+                started=when(j.started),
+                ended=when(j.ended) if j.ended is not None else None,
+            )
+        )
+        self._changed = True
+
+    def job_of(self, name: str) -> SimJob | None:
+        return self.jobs.get(int(name)) if name.isdigit() else None
+
+    def node_index(self, name: str) -> int:
+        return int(name.removeprefix("gpu")) - 1
+
+    # ---- alerts ------------------------------------------------------------------------
+    def _alert(self, cond: float, rule_for: float, labels: dict[str, str], **notes: str) -> None:
+        """An alert whose condition holds from `cond`: it fires after the scrape, the
+        evaluation and its `for:`, and reaches the webhook within a group interval."""
+        d, rng = self.delays, self.rng
+        fired = cond + rng.uniform(0, d.scrape) + rng.uniform(0, d.evaluation) + rule_for
+        received = fired + rng.uniform(0, d.group_interval)
+        # The rules hold an event as evidence for their window (a log line, an XID): the same
+        # series seen again within it is the alert still firing, not a new one.
+        series = tuple(sorted(labels.items()))
+        if self._held.get(series, -math.inf) > cond:
+            self._held[series] = cond + d.window
+            return
+        self._held[series] = cond + d.window
+        alert = Alert.model_construct(
+            status="firing",
+            labels={"severity": "critical", **labels},
+            annotations={"summary": f"{labels['alertname']} on {labels.get('node', '')}", **notes},
+            startsAt=when(math.floor(fired)),
+            endsAt=None,
+            generatorURL="",
+            fingerprint="",
+        )
+        alert.model_post_init(None)  # the fingerprint, from the labels, as Alertmanager's
+
+        def deliver() -> None:
+            self.tally.alerts += 1
+            self.on_alert(alert)
+
+        self.later(received, deliver)
+
+    def _job_alerts(
+        self, job: SimJob, cond: float, alertname: str, signal: str, **notes: str
+    ) -> None:
+        """A job-side alert from every node of the attempt, when its condition comes, if the
+        attempt still runs then (one rank a node: its ranks say the same)."""
+        per_node, attempt = self.cfg.gpus_per_node, job.restarts
+
+        def emit() -> None:
+            if job.restarts != attempt or not job.running:
+                return  # requeued or ended meanwhile: its ranks are gone
+            for rank, i in enumerate(job.nodes):
+                labels = {
+                    "alertname": alertname,
+                    "signal": signal,
+                    "node": self.nodes[i].name,
+                    "slurm_job_id": str(job.id),
+                    "rank": str(rank * per_node),
+                }
+                self._alert(cond, 0.0, labels, **notes)
+
+        self.later(cond, emit)
+
+    # ---- failures ----------------------------------------------------------------------
+    def fail(self, f: Fault) -> None:
+        """A failure from the trace happens now."""
+        if f.kind == "switch":
+            self._switch(f)
+            return
+        node = self.nodes[f.where]
+        if f.kind in ("app", "hang"):
+            job = self.jobs.get(node.job) if node.job is not None else None
+            if job is not None and job.running and job.stalled is None:
+                if f.kind == "app" and f.recurs:
+                    job.fixed_at = self.now + f.fix_after
+                self._hit(job, f)
+                self.on_failure(f, [job])
+            return
+        if node.broken is not None or node.out == "down":
+            return  # already broken: nothing more to see
+        node.broken = f
+        self._manifest(f)
+
+    def _manifest(self, f: Fault) -> None:
+        """A broken node shows it: to its job, and to the rules."""
+        node, d, t = self.nodes[f.where], self.delays, self.now
+        job = self.jobs.get(node.job) if node.job is not None else None
+        victim = job if job is not None and job.running and job.stalled is None else None
+        labels = {"node": node.name}
+        if f.kind == "gpu":
+            if victim is not None:
+                labels["slurm_job_id"] = str(victim.id)  # dcgm-exporter's job mapping
+            self._alert(
+                t,
+                0.0,
+                labels
+                | {
+                    "alertname": "GpuXidNodeFault",
+                    "signal": "gpu_hw",
+                    "gpu": str(f.gpu),
+                    "xid": "79",
+                },
+            )
+        elif f.kind == "link":
+            self._alert(
+                t,
+                d.ib_port_down_for,
+                labels
+                | {"alertname": "NodeInfinibandPortDown", "signal": "network", "device": "mlx5_0"},
+            )
+        elif f.kind == "node":
+            # slurmctld pings every SlurmdTimeout/3: the node shows not responding (`alloc*`,
+            # which the rule takes) after a ping or two, down at SlurmdTimeout.
+            self.later(t + d.slurmd_timeout, lambda: self._down(node))
+            self._alert(
+                t + d.slurmd_timeout / 3 + self.rng.uniform(0, d.slurmd_timeout / 3),
+                d.node_down_for,
+                labels | {"alertname": "SlurmNodeDown", "signal": "node_down"},
+            )
+        if victim is not None:
+            self._hit(victim, f)
+        self.on_failure(f, [victim] if victim is not None else [])
+
+    def _down(self, node: SimNode) -> None:
+        if node.broken is None or node.out == "down":
+            return
+        node.out = "down"  # Slurm's own doing; mended after the repair time
+        self._show_node(node)
+        self.later(self.now + self.cfg.repair.total_seconds(), lambda: self._mended(node))
+
+    def _switch(self, f: Fault) -> None:
+        cfg, d, t = self.cfg, self.delays, self.now
+        until = t + cfg.switch_repair.total_seconds()
+        self.leaf_down_until[f.where] = until
+        under = [n for n in self.nodes if n.leaf == f.where]
+        if t + d.ib_port_down_for < until:
+            for n in under:
+                if n.out != "down":
+                    self._alert(
+                        t,
+                        d.ib_port_down_for,
+                        {
+                            "node": n.name,
+                            "device": "mlx5_0",
+                            "alertname": "NodeInfinibandPortDown",
+                            "signal": "network",
+                        },
+                    )
+        hit = [self.jobs[j] for j in sorted({n.job for n in under if n.job is not None})]
+        hit = [job for job in hit if job.running and job.stalled is None]
+        for job in hit:
+            self._hit(job, f)
+        self.on_failure(f, hit)
+
+    def _hit(self, job: SimJob, f: Fault) -> None:
+        """The failure stops the job's current attempt: at once, or at its collective timeout."""
+        t, d = self.now, self.delays
+        job.stalled, job.fault = t, f
+        self.tally.failures += 1
+        attempt = (job.id, job.restarts)
+        if f.kind in ("gpu", "app"):
+            if f.kind == "app":
+                self._job_alerts(job, t, "TrainingTaskFailed", "app_error")
+            self.later(t + d.crash, lambda: self._ended(attempt, "FAILED"))
+        elif f.kind == "node":
+            self.later(t + d.slurmd_timeout, lambda: self._ended(attempt, "NODE_FAIL"))
+        else:  # link, switch, hang: every rank waits in a collective until it times out
+            timeout = t + d.collective_timeout
+            end = timeout + d.crash
+            if t + d.hang_after + d.scrape + d.evaluation < end:
+                self._job_alerts(
+                    job,
+                    t + d.hang_after,
+                    "TrainingHang",
+                    "hang",
+                    stalled_since=str(int(when(t).timestamp())),
+                )
+            self._job_alerts(job, timeout, "TrainingNcclTimeout", "nccl_timeout")
+            self.later(end, lambda: self._ended(attempt, "FAILED"))
+
+    def _ended(self, attempt: tuple[int, int], state: str) -> None:
+        job = self.jobs[attempt[0]]
+        if job.restarts != attempt[1] or not job.running:
+            return  # requeued or stopped meanwhile
+        self._end_attempt(job, state)
+        # Whatever the policy, the job's owner notices it died and, if it is still down when
+        # they look, does the right thing themselves.
+        fault = job.fault
+        if fault is not None:
+            self.later(
+                self.now + self.cfg.human.draw(self.people),
+                lambda: self._owner_looks(job, attempt[1], fault),
+            )
+
+    def _owner_looks(self, job: SimJob, attempt: int, fault: Fault) -> None:
+        if job.restarts == attempt and job.state in ("FAILED", "NODE_FAIL"):
+            self.tally.owner_restarts += 1
+            self.on_owner(fault, job)
+
+    def _end_attempt(self, job: SimJob, state: str) -> None:
+        job.productive += job.saved(self.now)
+        job.state, job.ended = state, self.now
+        for i in job.nodes:
+            self.nodes[i].job = None
+            self._show_node(self.nodes[i])
+        self._show_job(job)
+        self.later(self.now, self.place)
+
+    def _mended(self, node: SimNode) -> None:
+        node.broken = None
+        node.out = ""
+        self._show_node(node)
+        self.place()
+
+    # ---- what responders do ------------------------------------------------------------
+    def drain(self, names: Iterable[str]) -> None:
+        for name in names:
+            node = self.nodes[self.node_index(name)]
+            if node.out:
+                continue
+            self.tally.drains += 1
+            node.out = "drain"
+            self._show_node(node)
+            if node.broken is not None:
+                mend = self.cfg.link_repair if node.broken.kind == "link" else self.cfg.repair
+                self.later(self.now + mend.total_seconds(), partial(self._mended, node))
+            else:  # a person finds nothing wrong and resumes it
+                self.tally.healthy_drained += 1
+                self.later(self.now + self.cfg.human.draw(self.people), partial(self.resume, node))
+
+    def resume(self, node: SimNode) -> None:
+        if node.out == "drain" and node.broken is None:
+            node.out = ""
+            self._show_node(node)
+            self.place()
+
+    def requeue(self, job: SimJob, exclude: Iterable[str] = ()) -> bool:
+        if job.state in ("PENDING", "CANCELLED"):
+            return False
+        if job.running:
+            self._end_attempt(job, "REQUEUED")
+        self.tally.requeues += 1
+        job.restarts += 1
+        job.state, job.ended, job.stalled, job.fault = "PENDING", None, None, None
+        job.exclude = frozenset(self.node_index(n) for n in exclude)
+        self._pend(job)
+        return True
+
+    def _pend(self, job: SimJob) -> None:
+        job.not_before = self.now + self.delays.requeue_start
+        self._show_job(job)
+        self.later(job.not_before, self.place)
+
+    def stop(self, job: SimJob, back: float | None = None) -> bool:
+        """Cancel the job; its owner submits it again when they have looked (and fixed a bug
+        that recurs), or at `back`."""
+        if job.state in ("PENDING", "CANCELLED"):
+            return False
+        recurs = job.fixed_at is not None and job.fixed_at > self.now
+        self.tally.stops += 1
+        self.tally.needless_stops += not recurs
+        if job.running:
+            self._end_attempt(job, "CANCELLED")
+        job.state = "CANCELLED"
+        self._show_job(job)
+        if back is None:
+            back = max(self.now + self.cfg.human.draw(self.people), job.fixed_at or 0.0)
+        self.later(back, lambda: self._resubmit(job))
+        return True
+
+    def _resubmit(self, job: SimJob) -> None:
+        if job.state == "CANCELLED":
+            job.restarts += 1
+            job.state, job.ended, job.stalled, job.fault = "PENDING", None, None, None
+            job.exclude = frozenset()
+            self._pend(job)
+
+    # ---- scheduling --------------------------------------------------------------------
+    def _usable(self, node: SimNode, job: SimJob) -> bool:
+        return not node.out and node.job is None and node.index not in job.exclude
+
+    def fits_without(self, job: SimJob, names: Iterable[str]) -> bool:
+        """Whether the job's next attempt could start now away from these nodes."""
+        away = {self.node_index(n) for n in names}
+        free = sum(
+            1 for n in self.nodes if not n.out and n.index not in away and n.job in (None, job.id)
+        )
+        return free >= job.cls.nodes
+
+    def place(self) -> None:
+        """Start every pending job that fits: on its last nodes first, then the lowest free
+        ones (a leaf at a time, as a topology-aware scheduler would)."""
+        for job in self.jobs.values():
+            if job.state != "PENDING" or job.not_before > self.now:
+                continue
+            chosen = [i for i in job.nodes if self._usable(self.nodes[i], job)]
+            if len(chosen) < job.cls.nodes:
+                taken = set(chosen)
+                free = (n.index for n in self.nodes if n.index not in taken)
+                chosen += itertools.islice(
+                    (i for i in free if self._usable(self.nodes[i], job)),
+                    job.cls.nodes - len(chosen),
+                )
+            if len(chosen) < job.cls.nodes:
+                continue
+            self._start(job, chosen[: job.cls.nodes])
+
+    def _start(self, job: SimJob, nodes: list[int]) -> None:
+        job.nodes, job.state, job.started, job.ended = nodes, "RUNNING", self.now, None
+        job.stalled, job.fault = None, None
+        job.attempts += 1
+        for i in nodes:
+            self.nodes[i].job = job.id
+            self._show_node(self.nodes[i])
+        self._show_job(job)
+        attempt = (job.id, job.restarts)
+        d, rng = self.delays, self.rng
+        # What is still wrong where it landed shows again within minutes.
+        for i in nodes:
+            node = self.nodes[i]
+            if node.broken is not None:
+                f = node.broken
+                again = Fault(self.now + rng.uniform(60, d.recur_within), f.kind, i, gpu=f.gpu)
+                self.later(again.at, partial(self._recur, attempt, again))
+                break
+        down = {
+            self.nodes[i].leaf for i in nodes if self.leaf_down_until[self.nodes[i].leaf] > self.now
+        }
+        if down:
+            leaf = min(down)
+            self.later(self.now, lambda: self._recur(attempt, Fault(self.now, "switch", leaf)))
+        if job.fixed_at is not None and job.fixed_at > self.now:
+            at = self.now + job.cls.restart.total_seconds() + rng.uniform(0, d.recur_within)
+            self.later(at, lambda: self._recur(attempt, Fault(at, "app", nodes[0], recurs=True)))
+
+    def _recur(self, attempt: tuple[int, int], f: Fault) -> None:
+        job = self.jobs[attempt[0]]
+        if job.restarts != attempt[1] or not job.running or job.stalled is not None:
+            return
+        if f.kind == "app" and (job.fixed_at is None or job.fixed_at <= self.now):
+            return
+        if f.kind in ("app", "switch"):
+            self._hit(job, f)
+            self.on_failure(f, [job])
+        elif self.nodes[f.where].broken is not None:
+            self._manifest(f)
+
+    # ---- the end -----------------------------------------------------------------------
+    def close(self) -> None:
+        """The span ends: credit what every running attempt trained."""
+        for job in self.jobs.values():
+            if job.running:
+                job.productive += job.saved(self.now, last=True)
+                job.state = "ENDED"
