@@ -121,6 +121,7 @@ class World:
                 for leaf in range(len(self.leaf_down_until))
             }
         )
+        self.idle: set[int] = set()  # nodes a job could start on (kept by _show_node)
         for n in self.nodes:
             self._show_node(n)
         self._events: list[tuple[float, int, Callable[[], None]]] = []
@@ -156,6 +157,10 @@ class World:
     # ---- the core's view ---------------------------------------------------------------
     def _show_node(self, n: SimNode) -> None:
         state = n.out or ("alloc" if n.job is not None else "idle")
+        if state == "idle":
+            self.idle.add(n.index)
+        else:
+            self.idle.discard(n.index)
         reason = {"drain": "slurmedic sim", "down": "Not responding"}.get(n.out, "")
         self.view.nodes[n.name] = Node(
             n.name, PARTITION, state, reason, f"leaf{n.leaf:04d}", gpus=self.cfg.gpus_per_node
@@ -453,9 +458,6 @@ class World:
             self._pend(job)
 
     # ---- scheduling --------------------------------------------------------------------
-    def _usable(self, node: SimNode, job: SimJob) -> bool:
-        return not node.out and node.job is None and node.index not in job.exclude
-
     def fits_without(self, job: SimJob, names: Iterable[str]) -> bool:
         """Whether the job's next attempt could start now away from these nodes."""
         away = {self.node_index(n) for n in names}
@@ -470,16 +472,13 @@ class World:
         for job in self.jobs.values():
             if job.state != "PENDING" or job.not_before > self.now:
                 continue
-            chosen = [i for i in job.nodes if self._usable(self.nodes[i], job)]
+            usable = self.idle - job.exclude
+            if len(usable) < job.cls.nodes:
+                continue  # the common case while nodes are out: no scan of the cluster
+            chosen = [i for i in job.nodes if i in usable]
             if len(chosen) < job.cls.nodes:
-                taken = set(chosen)
-                free = (n.index for n in self.nodes if n.index not in taken)
-                chosen += itertools.islice(
-                    (i for i in free if self._usable(self.nodes[i], job)),
-                    job.cls.nodes - len(chosen),
-                )
-            if len(chosen) < job.cls.nodes:
-                continue
+                rest = sorted(usable.difference(chosen))
+                chosen += rest[: job.cls.nodes - len(chosen)]
             self._start(job, chosen[: job.cls.nodes])
 
     def _start(self, job: SimJob, nodes: list[int]) -> None:
@@ -514,8 +513,8 @@ class World:
         job = self.jobs[attempt[0]]
         if job.restarts != attempt[1] or not job.running or job.stalled is not None:
             return
-        if f.kind == "app" and (job.fixed_at is None or job.fixed_at <= self.now):
-            return
+        if f.kind == "app" and (job.fixed_at is None or job.started >= job.fixed_at):
+            return  # an attempt runs the code it started with: fixed only if it started after
         if f.kind in ("app", "switch"):
             self._hit(job, f)
             self.on_failure(f, [job])
