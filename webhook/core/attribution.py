@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from webhook.core.evidence import Evidence
-from webhook.core.shared_cause import SharedCauses
+from webhook.core.shared_cause import RuleFive
 from webhook.core.signals import APPLICATION, HANG, HARDWARE, STALL, STRAGGLER, TIMEOUT
 
 HARDWARE_ORDER = tuple(HARDWARE)
@@ -62,7 +62,7 @@ class Facts:
         return {e.node for e in self.of(*signals) if e.node}
 
 
-def facts(evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: SharedCauses) -> Facts:
+def facts(evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: RuleFive) -> Facts:
     by_signal: dict[str, list[Evidence]] = {}
     for e in evidence:
         if e.actionable:
@@ -183,7 +183,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
 
 
 def attribute(
-    evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: SharedCauses
+    evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: RuleFive
 ) -> Attribution:
     """Attribute one incident from its own evidence, and rule 5's verdict on the cluster."""
     f = facts(evidence, job_nodes, shared)

@@ -47,7 +47,7 @@ from webhook.core.evidence import Evidence, from_alert
 from webhook.core.guards import decide
 from webhook.core.incidents import IncidentKey
 from webhook.core.policy import Policy
-from webhook.core.shared_cause import FailingNodes, SharedCauses
+from webhook.core.shared_cause import FailingNodes, Judged, Judgement, SharedCauses
 from webhook.core.signals import HARDWARE
 
 EvidenceKey = tuple[str, datetime]  # fingerprint, startsAt to the second (as the ledger keeps it)
@@ -75,6 +75,8 @@ class Incident:
     # The decision holds only while the job runs (an application symptom): look at its end.
     until_job_ends: bool = False
     closed: bool = False  # carried out: no more revisions
+    # The nodes of its evidence rule 5 covered when it was decided, and why (Judged).
+    shared: Judgement = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -342,7 +344,9 @@ class Engine:
         # their decisions change in that memory (effects); it is changed here.
         trial = self.guards.without(incident.key) if incident.decided else self.guards
         try:
-            attr = attribute(incident.evidence, job_nodes, shared)
+            judged = Judged(shared, incident.shared, incident.evidence)
+            attr = attribute(incident.evidence, job_nodes, judged)
+            incident.shared = judged.now
             wait_until = incident.opened_at + self.policy.hang_wait
             # A job that ended (a fault, scancel, its time limit) has nothing more to say: its
             # ranks are gone. Only a running one is waited for.

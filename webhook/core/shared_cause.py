@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from collections.abc import Iterable
 from datetime import datetime
+from typing import Protocol
 
 from webhook.core.cluster import ClusterView
 from webhook.core.evidence import Evidence
@@ -177,3 +179,53 @@ class SharedCauses:
             window = int(self._rules.window.total_seconds())
             self._reason = f"{' and '.join(why)} failed within {window}s" if why else ""
         return self._reason
+
+
+class RuleFive(Protocol):
+    """What attribution asks of rule 5."""
+
+    def covers(self, node: str) -> bool: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
+# Per node of an incident: the start of its latest hardware evidence that rule 5 covered, and
+# rule 5's words then.
+Judgement = dict[str, tuple[datetime, str]]
+
+
+class Judged:
+    """Rule 5 for one incident: the verdict now, and what it said of this incident's evidence
+    before. Evidence once judged part of a shared cause stays so for its incident: a revision
+    after the window has moved past the storm must not blame the nodes it spared (the goodput
+    simulator found a leaf switch's escalation revised, when the job's NCCL timeouts came ten
+    minutes later, into draining the whole leaf). A node's newer hardware evidence is judged
+    afresh."""
+
+    def __init__(self, live: SharedCauses, before: Judgement, evidence: Iterable[Evidence]):
+        self._live, self._before = live, before
+        self._latest: dict[str, datetime] = {}
+        for e in evidence:
+            if e.node and e.signal in HARDWARE and e.actionable:
+                self._latest[e.node] = max(e.starts_at, self._latest.get(e.node, e.starts_at))
+        self.now: Judgement = {}  # what this verdict covered, to keep for the next one
+
+    def covers(self, node: str) -> bool:
+        latest = self._latest.get(node)
+        if self._live.covers(node):
+            if latest is not None:
+                self.now[node] = (latest, self._live.reason)
+            return True
+        seen = self._before.get(node)
+        if seen is None or (latest is not None and latest > seen[0]):
+            return False
+        self.now[node] = seen
+        return True
+
+    @property
+    def reason(self) -> str:
+        said = self._live.reason
+        if said:
+            return said
+        return "; ".join(sorted({why for _, why in self._before.values()}))
