@@ -66,6 +66,7 @@ def main() -> None:
     default = compare(cfg, policy=Policy(), delays=waits)
     took = time.perf_counter() - began
     show("The default policy", default)
+    print("run: " + ", ".join(f"{o.policy} {o.seconds:.1f} s" for o in default))
     gpus = cfg.nodes * cfg.gpus_per_node
     print(f"\nfour policies, {args.days:g} days of {gpus:,} GPUs: {took:.1f} s")
 

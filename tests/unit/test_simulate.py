@@ -170,7 +170,7 @@ def test_slurmedic_simulate_prints_a_row_a_policy_and_a_sweep(tmp_path: Path):
         ],
     )
     assert got.exit_code == 0, got.output
-    out = json.loads(got.output)
+    out = json.loads(got.stdout)
     assert [o["policy"] for o in out["outcomes"]] == ["slurmedic", "oracle"]
     assert set(out["sweep"]) == {str(timedelta(minutes=10)), str(timedelta(hours=1))}
     assert out["outcomes"][0]["decisions"] > 0

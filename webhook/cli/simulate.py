@@ -12,6 +12,7 @@ import click
 
 from webhook.cli.common import policy_of, render_report
 from webhook.core import durations
+from webhook.rules.render import RuleSource
 from webhook.simulate import report
 from webhook.simulate.responders import POLICIES
 from webhook.simulate.run import compare, sweep
@@ -101,8 +102,6 @@ def simulate(
     policy = policy_of(policy_path)
     try:
         cfg = sim_config(cluster_file, days=days, nodes=nodes, seed=seed)
-        from webhook.rules.render import RuleSource
-
         rules = RuleSource(config_file=rules_config) if rules_config else None
         waits = delays(rules, alertmanager)
     except SiteError as e:
@@ -112,8 +111,13 @@ def simulate(
             f"the jobs need {cfg.busy_nodes} nodes, the cluster has {cfg.nodes}",
             param_hint="--nodes",
         )
-    outcomes = compare(cfg, policy=policy, delays=waits, policies=names)
-    swept = sweep(cfg, intervals, policy=policy, delays=waits, policies=names) if intervals else {}
+    faults = draw(cfg)
+    outcomes = compare(cfg, policy=policy, delays=waits, policies=names, faults=faults)
+    swept = (
+        sweep(cfg, intervals, policy=policy, delays=waits, policies=names, faults=faults)
+        if intervals
+        else {}
+    )
     if plot is not None:
         from webhook.simulate.plot import ettr_plot
 
@@ -121,7 +125,7 @@ def simulate(
         ettr_plot(
             swept, minutes, plot, f"{cfg.nodes * cfg.gpus_per_node:,} GPUs, {cfg.days:g} days"
         )
-    head = report.header(cfg, draw(cfg), str(policy_path or "the defaults"))
+    head = report.header(cfg, faults, str(policy_path or "the defaults"))
     text = render_report(
         fmt,
         lambda: {
@@ -136,5 +140,7 @@ def simulate(
         ),
     )
     click.echo(text, nl=False)
+    took = ", ".join(f"{o.policy} {o.seconds:.1f} s" for o in outcomes)
+    click.echo(f"run: {took}", err=True)
     if plot is not None:
         click.echo(f"plot: {plot}", err=True)

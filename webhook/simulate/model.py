@@ -157,11 +157,11 @@ class Delays:
     # A job placed on a node still broken fails again within this long.
     recur_within: float = 300.0
 
-    def detect(self, rng: random.Random, rule_for: float = 0.0) -> float:
-        """From a condition being true on a node to the webhook receiving its alert."""
-        return (
-            rng.uniform(0, self.scrape)
-            + rng.uniform(0, self.evaluation)
-            + rule_for
-            + rng.uniform(0, self.group_interval)
-        )
+    def fires(self, rng: random.Random, rule_for: float = 0.0) -> float:
+        """From a condition being true to its alert firing: the next scrape, the next
+        evaluation, the rule's `for:`."""
+        return rng.uniform(0, self.scrape) + rng.uniform(0, self.evaluation) + rule_for
+
+    def notifies(self, rng: random.Random) -> float:
+        """From an alert firing to the webhook receiving it (Alertmanager's group interval)."""
+        return rng.uniform(0, self.group_interval)

@@ -24,15 +24,12 @@ COLUMNS = (
     ("owner_restarts", "restarted by their owner"),
     ("alerts", "alerts"),
     ("decisions", "core decisions"),
-    ("seconds", "run (s)"),
 )
 
 
 def _cell(key: str, value: Any) -> str:
     if key.startswith("ettr"):
         return f"{value:.4f}"
-    if key == "seconds":
-        return f"{value:.1f}"
     if isinstance(value, float):
         return f"{value:,.0f}"
     return f"{value:,}" if isinstance(value, int) else str(value)

@@ -14,10 +14,11 @@ one that a restart cures.
 from __future__ import annotations
 
 from datetime import datetime
+from functools import partial
 from typing import Protocol
 
 from webhook.core.alerts import Alert, wrap
-from webhook.core.decisions import Decision
+from webhook.core.decisions import SCHEDULER_ACTIONS, Decision
 from webhook.core.engine import Engine
 from webhook.core.incidents import BadIncidentKey, IncidentKey
 from webhook.core.lifecycle import PENDING
@@ -38,26 +39,25 @@ class Responder(Protocol):
 
 
 def remedy(world: World, fault: Fault, jobs: list[tuple[SimJob, int]], *, oracle: bool) -> None:
-    """The right thing about `fault` for the attempts it hit (those still current)."""
-    exclude: list[str] = []
+    """The right thing about `fault` for the attempts it hit (those still current): drain the
+    broken node, and requeue each job away from every node known bad now (broken, or under a
+    leaf that is down); a job that does not fit away from a down leaf is requeued once the leaf
+    is mended."""
     if fault.kind in NODE_FAULTS:
-        exclude = [node_name(fault.where)]
-        world.drain(exclude)
-    elif fault.kind == "switch" and (mended := world.leaf_down_until[fault.where]) > world.now:
-        exclude = [n.name for n in world.nodes if n.leaf == fault.where]
-        if any(not world.fits_without(job, exclude) for job, _ in jobs):
-            # Not enough healthy capacity away from the leaf: requeue once it is mended.
-            later = [(job, attempt) for job, attempt in jobs]
-            world.later(mended, lambda: remedy(world, fault, later, oracle=oracle))
-            return
+        world.drain([node_name(fault.where)])
+    bad = world.known_bad()
     for job, attempt in jobs:
         if job.restarts != attempt:
             continue  # someone moved it on meanwhile
         if fault.kind == "app" and job.fixed_at is not None and job.fixed_at > world.now:
             # Its owner submits it again once the bug is fixed: the oracle the moment it is.
             world.stop(job, back=job.fixed_at if oracle else None)
+        elif world.fits_without(job, bad):
+            world.requeue(job, bad)
+        elif (mended := world.mended_by()) > world.now:
+            world.later(mended, partial(remedy, world, fault, [(job, attempt)], oracle=oracle))
         else:
-            world.requeue(job, exclude)
+            world.requeue(job, [node_name(fault.where)] if fault.kind in NODE_FAULTS else [])
 
 
 class Person:
@@ -69,9 +69,9 @@ class Person:
     def handle(self, fault: Fault, jobs: list[SimJob]) -> None:
         w = self.world
         attempts = [(j, j.restarts) for j in jobs]
-        w.later(
-            w.now + w.cfg.human.draw(w.people), lambda: remedy(w, fault, attempts, oracle=False)
-        )
+        w.person_on.update((j.id, attempt) for j, attempt in attempts)
+        took = w.person("handle", fault.at, fault.kind, fault.where, *sorted(attempts[:1]))
+        w.later(w.now + took, partial(remedy, w, fault, attempts, oracle=False))
 
 
 class _Passive:
@@ -180,7 +180,9 @@ class Slurmedic(_Passive):
 
     def _carry_out(self, d: Decision) -> None:
         w = self.world
-        self.carried.add(d.incident)
+        if d.action in SCHEDULER_ACTIONS:
+            # What the live loop's ledger calls carried out: an escalation stays revisable.
+            self.carried.add(d.incident)
         if d.action == "drain":
             w.drain(d.nodes)
         elif d.action in ("requeue", "stop") and (job := self._attempt(d)) is not None:

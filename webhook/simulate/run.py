@@ -34,8 +34,10 @@ class Outcome:
     guards: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """The figures; not the run's wall-clock time, so that one trace prints the same."""
         out = asdict(self)
         out.update(out.pop("tally"))
+        del out["seconds"]
         return out
 
 
@@ -75,7 +77,7 @@ def simulate(
         policy=policy_name,
         **_ettr(cfg, world),
         tally=world.tally,
-        decisions=len(who.decisions) if isinstance(who, Slurmedic) else 0,
+        decisions=len(decided),
         seconds=time.perf_counter() - began,
         guards=dict(Counter(d.guard for d in decided if d.guard).most_common()),
     )
@@ -85,9 +87,10 @@ def _ettr(cfg: SimConfig, world: World) -> dict[str, float]:
     span = cfg.seconds
     gpu_seconds = sum(j.gpus for j in world.jobs.values()) * span
     productive = sum(j.productive * j.gpus for j in world.jobs.values())
+    # The same jobs with no failure: one start-up each, then checkpointed training.
     ideal = sum(
         j.gpus
-        * span
+        * (span - j.cls.restart.total_seconds())
         * _share(j.cls.checkpoint_every.total_seconds(), j.cls.checkpoint_write.total_seconds())
         for j in world.jobs.values()
     )
@@ -109,9 +112,10 @@ def compare(
     policy: Policy | None = None,
     delays: Delays | None = None,
     policies: tuple[str, ...] = POLICIES,
+    faults: list[Fault] | None = None,
 ) -> list[Outcome]:
     """Every policy on the same failure trace."""
-    faults = draw(cfg)
+    faults = draw(cfg) if faults is None else faults
     return [simulate(cfg, p, policy=policy, delays=delays, faults=faults) for p in policies]
 
 
@@ -122,9 +126,10 @@ def sweep(
     policy: Policy | None = None,
     delays: Delays | None = None,
     policies: tuple[str, ...] = POLICIES,
+    faults: list[Fault] | None = None,
 ) -> dict[str, list[Outcome]]:
     """Every policy at each checkpoint interval (every job class's), on one failure trace."""
-    faults = draw(cfg)
+    faults = draw(cfg) if faults is None else faults
     out = {}
     for every in intervals:
         jobs = [c.model_copy(update={"checkpoint_every": every}) for c in cfg.jobs]

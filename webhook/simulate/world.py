@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
-from webhook.core.alerts import Alert
+from webhook.core.alerts import Alert, fingerprint
 from webhook.core.cluster import ClusterView, Job, Node
 from webhook.simulate.model import Delays, JobClass, SimConfig
 from webhook.simulate.trace import Fault, leaves
@@ -101,10 +101,6 @@ class World:
     def __init__(self, cfg: SimConfig, delays: Delays) -> None:
         self.cfg = cfg
         self.delays = delays
-        # Two streams, so that one policy's extra alerts do not change when another's people
-        # answer: the monitoring's delays, and people's.
-        self.rng = random.Random(cfg.seed * 7919 + 1)
-        self.people = random.Random(cfg.seed * 7919 + 2)
         self.now = 0.0
         self.tally = Tally()
         self.nodes = [SimNode(i, node_name(i), i // cfg.leaf_nodes) for i in range(cfg.nodes)]
@@ -133,6 +129,9 @@ class World:
         self.on_owner: Callable[[Fault, SimJob], None] = lambda _f, _j: None
         self._changed = False
         self._held: dict[tuple[tuple[str, str], ...], float] = {}  # series: firing until
+        # Attempts a person has been asked to see to (no automation, an escalation): their
+        # owner does not look a second time.
+        self.person_on: set[tuple[int, int]] = set()
 
     # ---- the clock ---------------------------------------------------------------------
     def later(self, at: float, fn: Callable[[], None]) -> None:
@@ -184,6 +183,17 @@ class World:
         )
         self._changed = True
 
+    # ---- chance ------------------------------------------------------------------------
+    def chance(self, *key: object) -> random.Random:
+        """A stream for one draw, named by what it is for: the same failure gets the same
+        alert delays and the same person's delay under every policy, whatever else each
+        policy made happen before it (one shared stream would not)."""
+        return random.Random("|".join(map(str, (self.cfg.seed, *key))))
+
+    def person(self, *key: object) -> float:
+        """How long a person takes, for the occasion `key` names."""
+        return self.cfg.human.draw(self.chance("person", *key))
+
     def job_of(self, name: str) -> SimJob | None:
         return self.jobs.get(int(name)) if name.isdigit() else None
 
@@ -194,26 +204,26 @@ class World:
     def _alert(self, cond: float, rule_for: float, labels: dict[str, str], **notes: str) -> None:
         """An alert whose condition holds from `cond`: it fires after the scrape, the
         evaluation and its `for:`, and reaches the webhook within a group interval."""
-        d, rng = self.delays, self.rng
-        fired = cond + rng.uniform(0, d.scrape) + rng.uniform(0, d.evaluation) + rule_for
-        received = fired + rng.uniform(0, d.group_interval)
+        d = self.delays
+        series = tuple(sorted(labels.items()))
+        rng = self.chance("alert", f"{cond:.3f}", series)
+        fired = cond + d.fires(rng, rule_for)
+        received = fired + d.notifies(rng)
         # The rules hold an event as evidence for their window (a log line, an XID): the same
         # series seen again within it is the alert still firing, not a new one.
-        series = tuple(sorted(labels.items()))
         if self._held.get(series, -math.inf) > cond:
             self._held[series] = cond + d.window
             return
         self._held[series] = cond + d.window
         alert = Alert.model_construct(
             status="firing",
-            labels={"severity": "critical", **labels},
+            labels=labels,
             annotations={"summary": f"{labels['alertname']} on {labels.get('node', '')}", **notes},
             startsAt=when(math.floor(fired)),
             endsAt=None,
             generatorURL="",
-            fingerprint="",
+            fingerprint=fingerprint(labels),  # as Alertmanager's, from the labels
         )
-        alert.model_post_init(None)  # the fingerprint, from the labels, as Alertmanager's
 
         def deliver() -> None:
             self.tally.alerts += 1
@@ -234,6 +244,7 @@ class World:
             for rank, i in enumerate(job.nodes):
                 labels = {
                     "alertname": alertname,
+                    "severity": "warning",
                     "signal": signal,
                     "node": self.nodes[i].name,
                     "slurm_job_id": str(job.id),
@@ -252,15 +263,21 @@ class World:
         node = self.nodes[f.where]
         if f.kind in ("app", "hang"):
             job = self.jobs.get(node.job) if node.job is not None else None
-            if job is not None and job.running and job.stalled is None:
-                if f.kind == "app" and f.recurs:
-                    job.fixed_at = self.now + f.fix_after
+            if job is None:
+                return  # nothing ran there
+            if f.kind == "app" and f.recurs:
+                # The bug is in the job's code from now on, whether or not it runs now: the
+                # next attempt started before the fix crashes too.
+                job.fixed_at = max(job.fixed_at or 0.0, self.now + f.fix_after)
+            if job.running and job.stalled is None:
                 self._hit(job, f)
                 self.on_failure(f, [job])
             return
         if node.broken is not None or node.out == "down":
             return  # already broken: nothing more to see
         node.broken = f
+        if node.out == "drain":
+            self._mend_later(node)  # out of service already: found and mended
         self._manifest(f)
 
     def _manifest(self, f: Fault) -> None:
@@ -268,7 +285,7 @@ class World:
         node, d, t = self.nodes[f.where], self.delays, self.now
         job = self.jobs.get(node.job) if node.job is not None else None
         victim = job if job is not None and job.running and job.stalled is None else None
-        labels = {"node": node.name}
+        labels = {"node": node.name, "severity": "critical"}
         if f.kind == "gpu":
             if victim is not None:
                 labels["slurm_job_id"] = str(victim.id)  # dcgm-exporter's job mapping
@@ -295,7 +312,7 @@ class World:
             # which the rule takes) after a ping or two, down at SlurmdTimeout.
             self.later(t + d.slurmd_timeout, lambda: self._down(node))
             self._alert(
-                t + d.slurmd_timeout / 3 + self.rng.uniform(0, d.slurmd_timeout / 3),
+                t + d.slurmd_timeout / 3 * (1 + self.chance("ping", f.at, f.where).random()),
                 d.node_down_for,
                 labels | {"alertname": "SlurmNodeDown", "signal": "node_down"},
             )
@@ -308,7 +325,7 @@ class World:
             return
         node.out = "down"  # Slurm's own doing; mended after the repair time
         self._show_node(node)
-        self.later(self.now + self.cfg.repair.total_seconds(), lambda: self._mended(node))
+        self._mend_later(node)
 
     def _switch(self, f: Fault) -> None:
         cfg, d, t = self.cfg, self.delays, self.now
@@ -323,6 +340,7 @@ class World:
                         d.ib_port_down_for,
                         {
                             "node": n.name,
+                            "severity": "critical",
                             "device": "mlx5_0",
                             "alertname": "NodeInfinibandPortDown",
                             "signal": "network",
@@ -368,13 +386,15 @@ class World:
         # Whatever the policy, the job's owner notices it died and, if it is still down when
         # they look, does the right thing themselves.
         fault = job.fault
-        if fault is not None:
+        if fault is not None and attempt not in self.person_on:
             self.later(
-                self.now + self.cfg.human.draw(self.people),
+                self.now + self.person("owner", *attempt),
                 lambda: self._owner_looks(job, attempt[1], fault),
             )
 
     def _owner_looks(self, job: SimJob, attempt: int, fault: Fault) -> None:
+        if (job.id, attempt) in self.person_on:
+            return  # a person is on it already (no automation, or an escalation)
         if job.restarts == attempt and job.state in ("FAILED", "NODE_FAIL"):
             self.tally.owner_restarts += 1
             self.on_owner(fault, job)
@@ -388,7 +408,14 @@ class World:
         self._show_job(job)
         self.later(self.now, self.place)
 
-    def _mended(self, node: SimNode) -> None:
+    def _mend_later(self, node: SimNode) -> None:
+        assert node.broken is not None
+        mend = self.cfg.link_repair if node.broken.kind == "link" else self.cfg.repair
+        self.later(self.now + mend.total_seconds(), partial(self._mended, node, node.broken))
+
+    def _mended(self, node: SimNode, fault: Fault) -> None:
+        if node.broken is not fault:
+            return  # mended already (drained, then marked down by Slurm too)
         node.broken = None
         node.out = ""
         self._show_node(node)
@@ -404,11 +431,11 @@ class World:
             node.out = "drain"
             self._show_node(node)
             if node.broken is not None:
-                mend = self.cfg.link_repair if node.broken.kind == "link" else self.cfg.repair
-                self.later(self.now + mend.total_seconds(), partial(self._mended, node))
+                self._mend_later(node)
             else:  # a person finds nothing wrong and resumes it
                 self.tally.healthy_drained += 1
-                self.later(self.now + self.cfg.human.draw(self.people), partial(self.resume, node))
+                back = self.now + self.person("resume", node.name, f"{self.now:.0f}")
+                self.later(back, partial(self.resume, node))
 
     def resume(self, node: SimNode) -> None:
         if node.out == "drain" and node.broken is None:
@@ -446,7 +473,7 @@ class World:
         job.state = "CANCELLED"
         self._show_job(job)
         if back is None:
-            back = max(self.now + self.cfg.human.draw(self.people), job.fixed_at or 0.0)
+            back = max(self.now + self.person("stop", job.id, job.restarts), job.fixed_at or 0.0)
         self.later(back, lambda: self._resubmit(job))
         return True
 
@@ -458,6 +485,19 @@ class World:
             self._pend(job)
 
     # ---- scheduling --------------------------------------------------------------------
+    def known_bad(self) -> list[str]:
+        """What someone who knows the truth keeps a job away from: broken nodes still in
+        service, and the nodes under a leaf that is down."""
+        return [
+            n.name
+            for n in self.nodes
+            if (n.broken is not None and not n.out) or self.leaf_down_until[n.leaf] > self.now
+        ]
+
+    def mended_by(self) -> float:
+        """When the last leaf that is down now is mended (now, when none is)."""
+        return max([self.now, *self.leaf_down_until])
+
     def fits_without(self, job: SimJob, names: Iterable[str]) -> bool:
         """Whether the job's next attempt could start now away from these nodes."""
         away = {self.node_index(n) for n in names}
@@ -490,7 +530,7 @@ class World:
             self._show_node(self.nodes[i])
         self._show_job(job)
         attempt = (job.id, job.restarts)
-        d, rng = self.delays, self.rng
+        d, rng = self.delays, self.chance("start", *attempt)
         # What is still wrong where it landed shows again within minutes.
         for i in nodes:
             node = self.nodes[i]
@@ -525,6 +565,6 @@ class World:
     def close(self) -> None:
         """The span ends: credit what every running attempt trained."""
         for job in self.jobs.values():
-            if job.running:
-                job.productive += job.saved(self.now, last=True)
+            if job.running:  # a stalled attempt still loses what it had not checkpointed
+                job.productive += job.saved(self.now, last=job.stalled is None)
                 job.state = "ENDED"
