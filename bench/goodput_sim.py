@@ -6,21 +6,22 @@ Prints, per policy: ETTR (cluster and the largest job), GPU-hours lost, healthy 
 jobs stopped needlessly, escalations, and how long the run took; for slurmedic with the default
 policy, with a retry budget sized for the job's failure rate, and with the jobs also asking
 for requeues of their own crashes (`retry_application`). Then ETTR by checkpoint interval per
-policy, and its PNG.
+policy, and its PNG; and the spread of ETTR over several failure traces.
 
-    .venv/bin/python -m bench.goodput_sim [--days 54] [--plot run/goodput.png] [--no-sweep]
+    .venv/bin/python -m bench.goodput_sim [--days 54] [--seeds 3] [--plot FILE] [--no-sweep]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 from pathlib import Path
 
 from webhook.core.policy import Policy, load_policy
 from webhook.simulate import report
-from webhook.simulate.model import SimConfig
+from webhook.simulate.model import Delays, SimConfig
 from webhook.simulate.plot import ettr_plot
 from webhook.simulate.run import Outcome, compare, sweep
 from webhook.simulate.site import delays
@@ -50,12 +51,40 @@ def show(title: str, outcomes: list[Outcome]) -> None:
         print(f"\nslurmedic's ETTR is {gap:.1%} below the oracle's")
 
 
+def seeds(cfg: SimConfig, asking: SimConfig, policy: Policy, waits: Delays, n: int) -> None:
+    """One trace is one draw of chance: the same comparison on `n` traces, to show the spread
+    (the sized budget; slurmedic also with the jobs asking for application retries)."""
+    rows: dict[str, list[float]] = {}
+    for seed in range(1, n + 1):
+        at = cfg.model_copy(update={"seed": seed})
+        for o in compare(at, policy=policy, delays=waits):
+            rows.setdefault(o.policy, []).append(o.ettr_cluster)
+        retried = compare(
+            asking.model_copy(update={"seed": seed}),
+            policy=policy,
+            delays=waits,
+            policies=("slurmedic",),
+        )
+        rows.setdefault("slurmedic, retry_application", []).append(retried[0].ettr_cluster)
+    oracle = rows["oracle"]
+    print(f"\n## ETTR (cluster) over {n} failure traces (seeds 1-{n}), the sized budget\n")
+    print("| policy | mean | min | max | mean gap to the oracle |")
+    print("|---|---|---|---|---|")
+    for name, ettr in rows.items():
+        gap = statistics.fmean((o - e) / o for o, e in zip(oracle, ettr, strict=True))
+        print(
+            f"| {name} | {statistics.fmean(ettr):.4f} | {min(ettr):.4f} | {max(ettr):.4f} "
+            f"| {gap:.1%} |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--days", type=float, default=54)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--plot", type=Path, default=Path("run/goodput.png"))
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--seeds", type=int, default=3, help="traces for the spread (0: none)")
     args = ap.parse_args()
     cfg = SimConfig(days=args.days, seed=args.seed)
     waits = delays()
@@ -82,6 +111,7 @@ def main() -> None:
     best = compare(asking, policy=sized, delays=waits, policies=("slurmedic", "oracle"))
     show(f"... and the jobs ask for requeues of their own crashes ({RETRY_APPLICATION})", best)
 
+    seeds(cfg, asking, sized, waits, args.seeds)
     if args.no_sweep:
         return
     from webhook.core import durations
