@@ -130,6 +130,13 @@ def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
 ) -> None:
     job, nodes = checkpointed_job(lab_cfg, submit)
     bad = nodes[1]
+    # slurmedic's own view has the job too (its loop polls Slurm every few seconds): an XID
+    # before that, without dcgm-exporter's job label yet, is an idle node's failure, drained
+    # in an incident of its own (CI saw it once, with slurmedic started a second before).
+    eventually(
+        lambda: query(lab_cfg, f'slurmedic_job_eligible{{slurm_job_id="{job}"}} == 1'),
+        what="slurmedic sees the job",
+    )
     manage.inject_gpu(lab_cfg, "xid", bad, 4, xid=79)
     rows = decided(lab_cfg, enforce, f"{job}.0", 2, {"executed", "failed"})
     assert {a: r.state for a, r in rows.items()} == {
