@@ -196,6 +196,37 @@ def job_story(cfg: LabConfig, job: int) -> str:
     return "\n".join([f"job {job}: {now}", *lines[-40:]])
 
 
+def node_story(cfg: LabConfig, node: str) -> str:
+    """What Slurm says of `node`: its state, its accounting events and slurmctld's and
+    slurmdbd's log lines about it. A failed wait's message, as `job_story` is for a job."""
+    parts = []
+    for cmd in (
+        ("sinfo", "-h", "-N", "-n", node, "-o", "%N %T %E"),
+        (
+            "sacctmgr",
+            "-P",
+            "-n",
+            "show",
+            "event",
+            "event=node",
+            f"nodes={node}",
+            "start=now-1days",
+            "format=TimeStart,TimeEnd,State,Reason,User",
+        ),
+    ):
+        try:
+            parts.append(slurm(cfg, *cmd, check=False))
+        except Exception as e:
+            parts.append(f"{cmd[0]}: (not known: {e})")
+    about = re.compile(rf"\b{re.escape(node)}\b")
+    for name in ("slurmctld.log", "slurmdbd.log"):
+        log = cfg.logs / name
+        if log.exists():
+            lines = [ln for ln in log.read_text(errors="replace").splitlines() if about.search(ln)]
+            parts += [f"-- {name}", *lines[-20:]]
+    return "\n".join([f"node {node}:", *parts])
+
+
 def slurmedic_story(cfg: LabConfig, ledger: Ledger, job: int) -> str:
     """What slurmedic made of `job`: every decision in its ledger, the alert events it stored
     about the job, the job's alerts in Prometheus and Alertmanager (with what silences or
