@@ -13,14 +13,21 @@ Times: the commands print local time for events; they run with TZ=UTC so every t
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from webhook.adapters.slurm import SlurmError, expand, job_state, number, run_command, timestamp
+from webhook.adapters.slurm import (
+    SlurmError,
+    expand,
+    job_state,
+    json_object,
+    number,
+    run_command,
+    timestamp,
+)
 from webhook.backtest.history import UNKNOWN, Attempt, NodeEvent, number_attempts
 
 TIMEOUT_S = 300.0  # a month of a large cluster's accounting takes a while
@@ -54,12 +61,9 @@ class Accounting:
         )
         text = self._run(*argv)
         try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise AccountingError(f"{' '.join(argv)}: not JSON ({e})") from e
-        if not isinstance(data, dict):
-            raise AccountingError(f"{' '.join(argv)}: not a JSON object")
-        return data
+            return json_object(text, " ".join(argv))
+        except SlurmError as e:
+            raise AccountingError(str(e)) from e
 
     def events(self, start: datetime, end: datetime) -> str:
         return self._run(

@@ -163,13 +163,7 @@ class SlurmCluster:
         return self._release
 
     def _json(self, release: Release, *argv: str) -> dict[str, Any]:
-        text = self._run(*argv)
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise SlurmError(f"`{' '.join(argv)}` of Slurm {release}: not JSON ({e})") from e
-        if not isinstance(data, dict):
-            raise SlurmError(f"`{' '.join(argv)}` of Slurm {release}: not a JSON object")
+        data = json_object(self._run(*argv), f"`{' '.join(argv)}` of Slurm {release}")
         errors = [e for e in data.get("errors") or [] if isinstance(e, dict)]
         if errors:
             what = errors[0].get("description") or errors[0].get("error") or errors[0]
@@ -217,6 +211,17 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> 
     if out.returncode != 0:
         raise SlurmError(f"{' '.join(argv)}: {out.stderr.strip()[:300]}")
     return out.stdout
+
+
+def json_object(text: str, what: str) -> dict[str, Any]:
+    """A command's JSON output, which must be an object; SlurmError naming `what` if not."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise SlurmError(f"{what}: not JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise SlurmError(f"{what}: not a JSON object")
+    return data
 
 
 # ---- reading by shape ------------------------------------------------------------------------
