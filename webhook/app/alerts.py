@@ -61,6 +61,13 @@ def _holds_nul(value: Any) -> bool:
     return False
 
 
+def _may_hold_nul(body: bytes) -> bool:
+    """Whether the decoded body may hold a NUL, from its bytes alone. Strict JSON has no raw
+    control character in a string, so a NUL comes from a `\\u0000` escape: in UTF-8, those six
+    ASCII bytes. A body in UTF-16 or UTF-32 (json.loads reads them too) is searched in full."""
+    return json.detect_encoding(body) != "utf-8" or b"\\u0000" in body
+
+
 def _error(status: int, reason: str) -> tuple[Response, int]:
     return jsonify(error="bad request" if status == 400 else "unauthorized", reason=reason), status
 
@@ -78,7 +85,7 @@ def receive() -> Any:
         return _error(400, f"body is not JSON: {e}")
     except RecursionError:
         return _error(400, "body is not JSON: nested too deeply")
-    if _holds_nul(raw):
+    if _may_hold_nul(body) and _holds_nul(raw):
         return _error(400, "body holds a NUL character, which no alert field may")
     if not isinstance(raw, dict):
         return _error(400, "body must be a JSON object (an Alertmanager v4 payload)")

@@ -113,6 +113,7 @@ class Ledger:
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
+        self._store_stmts: tuple[Any, Any] | None = None
         try:
             self.engine: Engine = create_engine(
                 url, pool_pre_ping=True, connect_args=_connect_args(url)
@@ -205,17 +206,16 @@ class Ledger:
     def _store(
         self, raw: dict[str, Any], payload: Payload, received_at: datetime, remote: str
     ) -> Stored:
-        insert = (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert
+        note_stmt, alerts_stmt = self._store_statements()
         with self.engine.begin() as conn:
             note_id = conn.execute(
-                insert(Notification)
-                .values(
-                    received_at=received_at,
-                    remote=remote[:64],
-                    group_key=payload.groupKey,
-                    payload=raw,
-                )
-                .returning(Notification.id)
+                note_stmt,
+                {
+                    "received_at": received_at,
+                    "remote": remote[:64],
+                    "group_key": payload.groupKey,
+                    "payload": raw,
+                },
             ).scalar_one()
             rows = [
                 {
@@ -229,11 +229,20 @@ class Ledger:
                 }
                 for a, raw_alert in zip(payload.alerts, raw["alerts"], strict=True)
             ]
-            # One batch; RETURNING yields only the rows inserted (rowcount of a batch is not
-            # portable across drivers).
-            stmt = insert(AlertRow).on_conflict_do_nothing().returning(AlertRow.id)
-            new = len(conn.execute(stmt, rows).all())
+            new = len(conn.execute(alerts_stmt, rows).all())
         return Stored(note_id, new, len(payload.alerts) - new)
+
+    def _store_statements(self) -> tuple[Any, Any]:
+        """The two statements of `store`, built once: every payload runs them (building them
+        cost more than running them on SQLite). The alerts' is one batch; RETURNING yields only
+        the rows inserted (rowcount of a batch is not portable across drivers)."""
+        if self._store_stmts is None:
+            insert = (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert
+            self._store_stmts = (
+                insert(Notification).returning(Notification.id),
+                insert(AlertRow).on_conflict_do_nothing().returning(AlertRow.id),
+            )
+        return self._store_stmts
 
     def alerts_after(
         self, last_id: int, limit: int = 5000, *, skip: frozenset[int] = frozenset()
