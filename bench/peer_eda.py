@@ -397,7 +397,6 @@ def run_side(side: Side, stream: Stream, clients: int, work: Path) -> Result:
         except TimeoutError:
             print(f"  {side.name}: only {len(first_tasks(log))} of {want} runs started")
         runs = first_tasks(log)
-        res.runs = len(runs)
         for i, (node, job) in stream.faults.items():
             mine = [r["at"] for r in runs if node in r["nodes"] or r["job"] == str(job)]
             if mine:

@@ -196,34 +196,31 @@ def job_story(cfg: LabConfig, job: int) -> str:
     return "\n".join([f"job {job}: {now}", *lines[-40:]])
 
 
+def node_events(cfg: LabConfig, node: str, fields: str, *extra: str) -> str:
+    """`sacctmgr show event` for one node: its events, one a line, `fields` `|`-separated."""
+    argv = ("sacctmgr", "-P", "-n", "show", "event", "event=node", f"nodes={node}", *extra)
+    return slurm(cfg, *argv, f"format={fields}", check=False)
+
+
 def node_story(cfg: LabConfig, node: str) -> str:
     """What Slurm says of `node`: its state, its accounting events and slurmctld's and
     slurmdbd's log lines about it. A failed wait's message, as `job_story` is for a job."""
+    reads: list[tuple[str, Callable[[], str]]] = [
+        ("sinfo", lambda: slurm(cfg, "sinfo", "-h", "-N", "-n", node, "-o", "%N %T %E")),
+        ("sacctmgr", lambda: node_events(cfg, node, "TimeStart,TimeEnd,State,Reason,User")),
+    ]
     parts = []
-    for cmd in (
-        ("sinfo", "-h", "-N", "-n", node, "-o", "%N %T %E"),
-        (
-            "sacctmgr",
-            "-P",
-            "-n",
-            "show",
-            "event",
-            "event=node",
-            f"nodes={node}",
-            "start=now-1days",
-            "format=TimeStart,TimeEnd,State,Reason,User",
-        ),
-    ):
+    for name, read in reads:
         try:
-            parts.append(slurm(cfg, *cmd, check=False))
+            parts.append(read())
         except Exception as e:
-            parts.append(f"{cmd[0]}: (not known: {e})")
+            parts.append(f"{name}: (not known: {e})")
     about = re.compile(rf"\b{re.escape(node)}\b")
-    for name in ("slurmctld.log", "slurmdbd.log"):
-        log = cfg.logs / name
+    for log_name in ("slurmctld.log", "slurmdbd.log"):
+        log = cfg.logs / log_name
         if log.exists():
             lines = [ln for ln in log.read_text(errors="replace").splitlines() if about.search(ln)]
-            parts += [f"-- {name}", *lines[-20:]]
+            parts += [f"-- {log_name}", *lines[-20:]]
     return "\n".join([f"node {node}:", *parts])
 
 

@@ -32,6 +32,7 @@ from lab.slurm import slurm
 from tests.lab.conftest import (
     eventually,
     lab_policy,
+    node_events,
     node_story,
     query,
     running_nodes,
@@ -65,18 +66,7 @@ def sacct_state(cfg: LabConfig, job: int) -> str:
 
 
 def event_of(cfg: LabConfig, node: str, reason: str, ended: bool) -> bool:
-    out = slurm(
-        cfg,
-        "sacctmgr",
-        "-P",
-        "-n",
-        "show",
-        "event",
-        "event=node",
-        f"nodes={node}",
-        "format=Reason,TimeEnd,User",
-        check=False,
-    )
+    out = node_events(cfg, node, "Reason,TimeEnd,User")
     return any(
         line.startswith(reason + "|") and (not ended or "Unknown" not in line)
         for line in out.splitlines()

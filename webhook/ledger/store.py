@@ -113,13 +113,20 @@ class Ledger:
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
-        self._store_stmts: tuple[Any, Any] | None = None
         try:
             self.engine: Engine = create_engine(
                 url, pool_pre_ping=True, connect_args=_connect_args(url)
             )
         except (SQLAlchemyError, ValueError) as e:
             raise Unavailable(f"database_url: {str(e).splitlines()[0]}") from e
+        # The two statements of `store`, built once: every payload runs them (building them
+        # cost more than running them on SQLite). The alerts' is one batch; RETURNING yields
+        # only the rows inserted (rowcount of a batch is not portable across drivers).
+        insert = (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert
+        self._store_stmts = (
+            insert(Notification).returning(Notification.id),
+            insert(AlertRow).on_conflict_do_nothing().returning(AlertRow.id),
+        )
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
             if self.engine.url.database not in (None, "", ":memory:"):
@@ -206,7 +213,7 @@ class Ledger:
     def _store(
         self, raw: dict[str, Any], payload: Payload, received_at: datetime, remote: str
     ) -> Stored:
-        note_stmt, alerts_stmt = self._store_statements()
+        note_stmt, alerts_stmt = self._store_stmts
         with self.engine.begin() as conn:
             note_id = conn.execute(
                 note_stmt,
@@ -231,18 +238,6 @@ class Ledger:
             ]
             new = len(conn.execute(alerts_stmt, rows).all())
         return Stored(note_id, new, len(payload.alerts) - new)
-
-    def _store_statements(self) -> tuple[Any, Any]:
-        """The two statements of `store`, built once: every payload runs them (building them
-        cost more than running them on SQLite). The alerts' is one batch; RETURNING yields only
-        the rows inserted (rowcount of a batch is not portable across drivers)."""
-        if self._store_stmts is None:
-            insert = (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert
-            self._store_stmts = (
-                insert(Notification).returning(Notification.id),
-                insert(AlertRow).on_conflict_do_nothing().returning(AlertRow.id),
-            )
-        return self._store_stmts
 
     def alerts_after(
         self, last_id: int, limit: int = 5000, *, skip: frozenset[int] = frozenset()
