@@ -10,7 +10,15 @@ import pytest
 import yaml
 
 from webhook.core.signals import SIGNALS
-from webhook.rules.render import RULES_DIR, RulesError, RuleSource, seconds
+from webhook.rules.render import (
+    CROSS_NODE,
+    PER_NODE,
+    RULES_DIR,
+    VARIANTS,
+    RulesError,
+    RuleSource,
+    seconds,
+)
 
 
 def test_committed_rule_files_match_a_fresh_render() -> None:
@@ -24,7 +32,8 @@ def test_every_alert_carries_the_contract() -> None:
     carry no `signal`, so Alertmanager's slurmedic route cannot match them.
     """
     alerts = []
-    for file, text in RuleSource().render().items():
+    renderings = [RuleSource().render(), *RuleSource().variants().values()]
+    for file, text in [item for rendering in renderings for item in rendering.items()]:
         for group in yaml.safe_load(text)["groups"]:
             alerts += [(file, r) for r in group["rules"] if "alert" in r]
     assert len(alerts) >= 25
@@ -41,18 +50,21 @@ def test_every_alert_carries_the_contract() -> None:
         assert (RULES_DIR.parent / "docs" / "runbooks" / f"{name}.md").exists(), name
 
 
-def _alerts_by_file() -> dict[str, list[str]]:
-    return {
-        file: [
-            r["alert"] for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "alert" in r
-        ]
-        for file, text in RuleSource().render().items()
-    }
+def _alerts_by_file(*profiles: str) -> dict[str, list[str]]:
+    """Alert names by rule file, of the defaults' rendering and of these profiles'."""
+    found: dict[str, list[str]] = {}
+    for profile in [None, *profiles]:
+        for file, text in RuleSource().render(profile).items():
+            for g in yaml.safe_load(text)["groups"]:
+                for name in [r["alert"] for r in g["rules"] if "alert" in r]:
+                    if name not in found.setdefault(file, []):
+                        found[file].append(name)
+    return found
 
 
 def test_every_alert_is_in_the_runbook_table() -> None:
     table = (RULES_DIR.parent / "docs" / "runbooks" / "README.md").read_text()
-    for file, names in _alerts_by_file().items():
+    for file, names in _alerts_by_file(*VARIANTS.values()).items():
         for name in names:
             row = f"| [{name}]({name}.md) | {file.removesuffix('.rules.yml')} |"
             assert row in table, name
@@ -72,6 +84,55 @@ def test_every_rule_file_has_a_promtool_test_of_each_alert_firing_and_quiet() ->
             assert any(not c.get("exp_alerts") for c in mine), f"{name} is never tested silent"
 
 
+def test_an_alert_only_a_variant_renders_is_tested_firing_and_quiet_in_its_promtool_file() -> None:
+    """A profile's own alerts (SlurmedicShardDown, only on a global ruler) are tested by
+    promtool in alert_rules/tests/VARIANT.rules.test.yml, on that variant's rendering."""
+    default = _alerts_by_file()
+    own = 0
+    for variant, files in RuleSource().variants().items():
+        suite_file = RULES_DIR / "tests" / f"{variant}.rules.test.yml"
+        assert suite_file.exists(), f"the {variant} rendering has no {suite_file.name}"
+        suite = yaml.safe_load(suite_file.read_text())
+        assert set(suite["rule_files"]) <= {f"{variant}/{name}" for name in files}, variant
+        cases = [c for t in suite["tests"] for c in t.get("alert_rule_test", [])]
+        for file, text in files.items():
+            for g in yaml.safe_load(text)["groups"]:
+                for name in [r["alert"] for r in g["rules"] if "alert" in r]:
+                    if name in default.get(file, []):
+                        continue
+                    own += 1
+                    mine = [c for c in cases if c["alertname"] == name]
+                    assert any(c.get("exp_alerts") for c in mine), f"{name} never fires"
+                    assert any(not c.get("exp_alerts") for c in mine), f"{name} never silent"
+    assert own >= 1
+
+
+def test_the_layouts_split_the_files_between_shards_and_the_global_ruler() -> None:
+    """docs/rule-scale.md: per-node files on each scrape shard with the job counts it exports,
+    cross-node files on the global ruler, every file once; one Prometheus has them all."""
+    single, shard, ruler = (RuleSource().render(p) for p in (None, "shard", "global"))
+    assert set(single) == PER_NODE | CROSS_NODE
+    assert set(shard) == PER_NODE | {"shard.rules.yml"}
+    assert set(ruler) == CROSS_NODE
+    assert all(shard[f] == single[f] for f in PER_NODE)
+    # The ruler has no DCGM series: which jobs hold GPUs is the sum of the shards' counts.
+    assert "DCGM_" not in "".join(ruler.values())
+    assert "sum by (slurm_job_id) (slurmedic:job_gpus:count)" in ruler["training.rules.yml"]
+    assert "DCGM_FI_DEV_GPU_UTIL" in single["training.rules.yml"]
+    assert "SlurmedicShardDown" in ruler["slurmedic.rules.yml"]
+    assert "SlurmedicShardDown" not in single["slurmedic.rules.yml"]
+    # Profiles compose: the lab's timings on a global ruler.
+    assert "for: 5s" in RuleSource().render("lab,global")["slurmedic.rules.yml"]
+
+
+def test_a_template_with_no_place_in_the_layouts_is_refused(tmp_path: Path) -> None:
+    copy = tmp_path / "alert_rules"
+    shutil.copytree(RULES_DIR, copy)
+    (copy / "templates" / "fabric.rules.yml").write_text("groups: []\n")
+    with pytest.raises(RulesError, match=r"fabric\.rules\.yml: not in .*layout table"):
+        RuleSource(copy).render()
+
+
 def test_every_recording_rule_of_the_goodput_file_is_checked_by_value() -> None:
     text = RuleSource().render()["goodput.rules.yml"]
     records = [r["record"] for g in yaml.safe_load(text)["groups"] for r in g["rules"]]
@@ -81,7 +142,7 @@ def test_every_recording_rule_of_the_goodput_file_is_checked_by_value() -> None:
 
 
 def test_the_lab_profile_shortens_durations() -> None:
-    hang = "label_replace(training_attempt_start_timestamp_seconds"
+    hang = "training_last_step_timestamp_seconds|training_attempt_start_timestamp_seconds"
     lab = RuleSource().render("lab")["training.rules.yml"]
     prod = RuleSource().render()["training.rules.yml"]
     assert hang in lab and ") < time() - 12\n" in lab
@@ -101,8 +162,10 @@ def test_an_edit_of_config_is_a_stale_render(tmp_path: Path) -> None:
     shutil.copytree(RULES_DIR, copy)
     config = copy / "config.yml"
     config.write_text(config.read_text().replace("hang_after: 10m", "hang_after: 20m"))
-    assert RuleSource(copy).stale() == ["training.rules.yml"]
+    # The global ruler's rendering beside the tests holds the training rules too.
+    assert RuleSource(copy).stale() == ["training.rules.yml", "tests/global/training.rules.yml"]
     RuleSource(copy).write(copy)
+    RuleSource(copy).write_variants()
     assert RuleSource(copy).stale() == []
     assert "time() - 1200" in (copy / "training.rules.yml").read_text()
 
@@ -125,6 +188,7 @@ def test_unknown_profile_and_keys_are_named(tmp_path: Path) -> None:
         ("hang_after: 10m", "hang_after: '10 minutes' is not a duration"),
         ("many_nodes_down: 4 ", "many_nodes_down: Input should be greater than or equal to 1"),
         ("node_status_metric: slurm_node_status", "node_status_metric: Input should be"),
+        ("rule_layout: single", "rule_layout: Input should be 'single', 'shard' or 'global'"),
     ],
 )
 def test_a_threshold_of_the_wrong_kind_is_named_before_anything_renders(
@@ -136,6 +200,7 @@ def test_a_threshold_of_the_wrong_kind_is_named_before_anything_renders(
         "hang_after: 10m": "hang_after: 10 minutes",
         "many_nodes_down: 4 ": "many_nodes_down: 0 ",
         "node_status_metric: slurm_node_status": "node_status_metric: slurm_nodes",
+        "rule_layout: single": "rule_layout: sharded",
     }[edit]
     copy = tmp_path / "alert_rules"
     shutil.copytree(RULES_DIR, copy)

@@ -42,10 +42,12 @@ def test_every_rule_file_rendering_uses_only_vocabulary_signals() -> None:
     profiles = yaml.safe_load((RULES_DIR / "config.yml").read_text())["profiles"]
     source = RuleSource()
     renderings = [source.render(), *(source.render(p) for p in profiles)]
-    renderings += list(source.variants().values())
     for rendered in renderings:
+        assert _rule_signals(rendered), "no alert carries a signal"
+    # The variants beside the tests hold only the files a profile changes (the shard's has no
+    # alert at all).
+    for rendered in renderings + list(source.variants().values()):
         used = _rule_signals(rendered)
-        assert used, "no alert carries a signal"
         assert set(used.values()) <= SIGNALS, {a: s for a, s in used.items() if s not in SIGNALS}
 
 

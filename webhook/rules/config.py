@@ -73,6 +73,10 @@ class RuleConfig(BaseModel):
     recoveries_failed_window: Duration
     recoveries_failed_min: int = Field(ge=1)
     monitor_switch_for: Duration
+    # Where the rules are evaluated (render.LAYOUTS)
+    rule_layout: Literal["single", "shard", "global"]
+    shard_selector: str = Field(min_length=1)
+    shard_down_for: Duration
 
 
 def check(values: dict[str, Any], where: str) -> None:

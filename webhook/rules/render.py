@@ -22,7 +22,23 @@ from webhook.rules.config import check
 RULES_DIR = resources.ALERT_RULES
 # Renderings kept beside the tests (alert_rules/tests/NAME/) and tested by promtool: NAME to the
 # profiles it is rendered with.
-VARIANTS = {"slurm-native": "slurmctld,slurmedic-nodes"}
+VARIANTS = {"slurm-native": "slurmctld,slurmedic-nodes", "shard": "shard", "global": "global"}
+
+# Where each rule file is evaluated, by `rule_layout` (docs/rule-scale.md). Per-node files read
+# one node's series and join only within a node, so every scrape shard evaluates them for its
+# own nodes; cross-node files need a job's ranks anywhere, Slurm or slurmedic, and run on the
+# global ruler; `shard.rules.yml` records what the ruler federates from each shard. A template
+# missing from this table is refused: where it runs is a decision, not a default.
+PER_NODE = frozenset({"gpu.rules.yml", "node.rules.yml", "joblog.rules.yml"})
+CROSS_NODE = frozenset(
+    {"training.rules.yml", "goodput.rules.yml", "slurm.rules.yml", "slurmedic.rules.yml"}
+)
+SHARD_EXPORT = frozenset({"shard.rules.yml"})
+LAYOUTS = {
+    "single": PER_NODE | CROSS_NODE,
+    "shard": PER_NODE | SHARD_EXPORT,
+    "global": CROSS_NODE,
+}
 
 
 ALERT = re.compile(r"^\s*- alert: ([A-Za-z][A-Za-z0-9]*)\s*$")
@@ -148,6 +164,13 @@ class RuleSource:
         values = self.config(profile)
         out = {}
         for template in sorted(self.templates.glob("*.rules.yml")):
+            if template.name not in PER_NODE | CROSS_NODE | SHARD_EXPORT:
+                raise RulesError(
+                    f"{template.name}: not in webhook/rules/render.py's layout table: say whether "
+                    "it reads one node's series (PER_NODE) or the cluster's (CROSS_NODE)"
+                )
+            if template.name not in LAYOUTS[values["rule_layout"]]:
+                continue
             try:
                 text = env.get_template(template.name).render(**values)
             except jinja2.UndefinedError as e:
@@ -192,7 +215,9 @@ class RuleSource:
         default = self.render()
         return {
             variant: {
-                name: text for name, text in self.render(profiles).items() if default[name] != text
+                name: text
+                for name, text in self.render(profiles).items()
+                if default.get(name) != text
             }
             for variant, profiles in VARIANTS.items()
         }
