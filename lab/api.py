@@ -11,9 +11,11 @@ from lab.config import LabConfig
 from lab.slurm import LabError
 
 
-def query(cfg: LabConfig, promql: str) -> list[dict[str, Any]]:
-    """An instant query; each result as {"labels": {...}, "value": float}."""
-    r = requests.get(f"{cfg.prometheus_url}/api/v1/query", params={"query": promql}, timeout=5)
+def query(cfg: LabConfig, promql: str, prometheus: str | None = None) -> list[dict[str, Any]]:
+    """An instant query of the lab's Prometheus (or the one at URL `prometheus`, a shard's);
+    each result as {"labels": {...}, "value": float}."""
+    url = prometheus or cfg.prometheus_url
+    r = requests.get(f"{url}/api/v1/query", params={"query": promql}, timeout=5)
     body = r.json()
     if body.get("status") != "success":
         raise LabError(f"query: {body.get('error', r.text)}")

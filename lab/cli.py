@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from lab import api, manage, processes, stacks
+from lab import api, manage, monitoring, processes, stacks
 from lab.config import LabConfig
 from lab.slurm import LabError, node_states
 from lab.stacks import StackError
@@ -375,6 +375,24 @@ def trial_cmd(cfg: LabConfig, faults: tuple[str, ...], list_only: bool) -> None:
         f"{len(outcomes)} faults, {judged} decisions: judge them at {cfg.console_url}, then "
         f"`slurmedic trial report --config {cfg.slurmedic_config}`"
     )
+
+
+@lab.command()
+@click.argument("layout", type=click.Choice(["split", "join"]))
+@pass_cfg
+@lab_errors
+def shards(cfg: LabConfig, layout: str) -> None:
+    """Split the rules between a Prometheus per leaf switch and a global ruler, or join them
+    back into one Prometheus (docs/rule-scale.md)."""
+    if layout == "split":
+        monitoring.split(cfg)
+        for switch in cfg.switches:
+            port = cfg.prometheus_shard_port(switch.name)
+            click.echo(f"shard {switch.name} ({switch.nodes}): {cfg.url(port)}")
+        click.echo(f"global ruler: {cfg.prometheus_url}")
+    else:
+        monitoring.join(cfg)
+        click.echo(f"one Prometheus again: {cfg.prometheus_url}")
 
 
 @lab.command()

@@ -94,7 +94,7 @@ class LabConfig:
     accounting: bool = field(default_factory=_default_accounting)
 
     def __post_init__(self) -> None:
-        # The lab takes base+1 .. base+903; above 32767 the kernel hands out ephemeral ports,
+        # The lab takes base+1 .. base+917; above 32767 the kernel hands out ephemeral ports,
         # and a client's source port could take one of ours. Checked here, for every lab (the
         # tests and benches make theirs without the environment).
         if not 1024 <= self.port_base <= 31000:
@@ -196,6 +196,10 @@ class LabConfig:
 
     def dcgm_port(self, node: str) -> int:
         return self.port_base + 401 + self.nodes.index(node)
+
+    def prometheus_shard_port(self, switch: str) -> int:
+        """A scrape shard's Prometheus (`monitoring.split`): one per leaf switch."""
+        return self.port_base + 910 + [s.name for s in self.switches].index(switch)
 
     @property
     def postgres_port(self) -> int:

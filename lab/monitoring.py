@@ -12,11 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hostlist
 import requests
 import yaml
 
 from lab import processes, stacks
-from lab.config import LabConfig
+from lab.config import LabConfig, Switch
 from lab.slurm import LabError
 from webhook import resources
 from webhook.rules.render import RuleSource
@@ -26,22 +27,26 @@ LAB_HANG_WAIT = "40s"  # the lab policy's hang_wait
 ALERTMANAGER_EXAMPLE = resources.ALERTMANAGER_EXAMPLE
 
 
-def prometheus_config(cfg: LabConfig, alertmanagers: list[int] | None = None) -> dict[str, Any]:
-    def job(name: str, targets: list[int], **extra: Any) -> dict[str, Any]:
-        return {
-            "job_name": name,
-            "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in targets]}],
-            **extra,
-        }
+def _scrape_job(name: str, targets: list[int], **extra: Any) -> dict[str, Any]:
+    return {
+        "job_name": name,
+        "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in targets]}],
+        **extra,
+    }
 
+
+def _prometheus_base(
+    cfg: LabConfig, rules: str, alertmanagers: list[int] | None, **labels: str
+) -> dict[str, Any]:
+    """What every Prometheus of the lab shares: the pace, where its rules are, where it sends."""
     return {
         "global": {
             "scrape_interval": cfg.scrape_interval,
             "scrape_timeout": cfg.scrape_interval,
             "evaluation_interval": cfg.scrape_interval,
-            "external_labels": {"cluster": "slurmedic-lab"},
+            "external_labels": {"cluster": "slurmedic-lab", **labels},
         },
-        "rule_files": [str(cfg.run_dir / "rules" / "*.rules.yml")],
+        "rule_files": [str(cfg.run_dir / rules / "*.rules.yml")],
         "alerting": {
             "alertmanagers": [
                 {
@@ -55,18 +60,148 @@ def prometheus_config(cfg: LabConfig, alertmanagers: list[int] | None = None) ->
                 }
             ]
         },
+    }
+
+
+def prometheus_config(
+    cfg: LabConfig, alertmanagers: list[int] | None = None, *, layout: str | None = None
+) -> dict[str, Any]:
+    """The lab's Prometheus: everything (`single`), or, while the lab is split into scrape
+    shards (`split`), the global ruler: no node exporters, the shards' job counts federated."""
+    layout = layout or ("global" if shards_running(cfg) else "single")
+    per_node = (
+        [
+            _scrape_job("dcgm", [cfg.dcgm_port(n) for n in cfg.nodes]),
+            _scrape_job("mtail", [cfg.mtail_port]),
+        ]
+        if layout == "single"
+        else [
+            # What slurmedic:job:running adds up (alert_rules/templates/shard.rules.yml).
+            _scrape_job(
+                SHARD_JOB,
+                [cfg.prometheus_shard_port(s.name) for s in cfg.switches],
+                metrics_path="/federate",
+                params={"match[]": ['{__name__="slurmedic:job_gpus:count"}']},
+                honor_labels=True,
+            )
+        ]
+    )
+    rules = "rules" if layout == "single" else "rules-global"
+    return {
+        **_prometheus_base(cfg, rules, alertmanagers),
         "scrape_configs": [
-            job("prometheus", [cfg.prometheus_port]),
-            job("dcgm", [cfg.dcgm_port(n) for n in cfg.nodes]),
-            job("slurm", [cfg.slurm_exporter_port]),
+            _scrape_job("prometheus", [cfg.prometheus_port]),
+            *per_node,
+            _scrape_job("slurm", [cfg.slurm_exporter_port]),
             # Pushed series carry their own job/instance; keep them (the Pushgateway docs' advice).
-            job("pushgateway", [cfg.pushgateway_port], honor_labels=True),
-            job("mtail", [cfg.mtail_port]),
+            _scrape_job("pushgateway", [cfg.pushgateway_port], honor_labels=True),
             # slurmedic's own /metrics (when `lab serve` runs it on the receiver port).
-            job("slurmedic", [cfg.receiver_port]),
+            _scrape_job("slurmedic", [cfg.receiver_port]),
             *slurmctld_jobs(cfg),
         ],
     }
+
+
+# The ruler's scrape job of the shards: what config.yml's `shard_selector` selects by default.
+SHARD_JOB = "prometheus-shards"
+
+
+def shard_name(switch: str) -> str:
+    return f"prometheus-{switch}"
+
+
+def shard_config(cfg: LabConfig, switch: Switch, alertmanagers: list[int]) -> dict[str, Any]:
+    """A scrape shard: the dcgm-exporters of one leaf switch's nodes, their per-node rules.
+
+    The lab has one mtail for every node's job logs; in production each node's mtail belongs
+    to its node's shard. Here the first shard scrapes it.
+    """
+    nodes = hostlist.expand_hostlist(switch.nodes)
+    mtail = [_scrape_job("mtail", [cfg.mtail_port])] if switch == cfg.switches[0] else []
+    return {
+        **_prometheus_base(cfg, "rules-shard", alertmanagers, shard=switch.name),
+        "scrape_configs": [
+            _scrape_job("prometheus", [cfg.prometheus_shard_port(switch.name)]),
+            _scrape_job("dcgm", [cfg.dcgm_port(n) for n in nodes]),
+            *mtail,
+        ],
+    }
+
+
+def shards_running(cfg: LabConfig) -> bool:
+    return any(processes.read_pid(cfg, shard_name(s.name)) for s in cfg.switches)
+
+
+def split(cfg: LabConfig, timeout: float = 60.0) -> None:
+    """The rules split as docs/rule-scale.md lays them out at scale: a Prometheus per leaf
+    switch scrapes its nodes and evaluates their per-node rules (profile `shard`); the lab's
+    Prometheus becomes the global ruler (profile `global`), federating each shard's job counts.
+    Returns once every shard has scraped its nodes and the ruler has read every shard."""
+    profile = rules_profile(cfg)
+    RuleSource().write(cfg.run_dir / "rules-shard", profile=f"{profile},shard")
+    RuleSource().write(cfg.run_dir / "rules-global", profile=f"{profile},global")
+    alertmanagers = [int(u.rsplit(":", 1)[1]) for u in alertmanager_urls(cfg)]
+    try:
+        for switch in cfg.switches:
+            name, port = shard_name(switch.name), cfg.prometheus_shard_port(switch.name)
+            _write_yaml(cfg.etc / f"{name}.yml", shard_config(cfg, switch, alertmanagers))
+            processes.start(cfg, name, _prometheus_argv(cfg, name, port))
+        for switch in cfg.switches:
+            _wait_targets_up(cfg, cfg.url(cfg.prometheus_shard_port(switch.name)), timeout)
+        _reload_prometheus(cfg, alertmanagers, layout="global")
+        _wait_rules(cfg, cfg.prometheus_url, "slurmedic-training", absent="slurmedic-gpu")
+        _wait_targets_up(cfg, cfg.prometheus_url, timeout, job=SHARD_JOB)
+    except Exception:
+        join(cfg)
+        raise
+
+
+def join(cfg: LabConfig) -> None:
+    """One Prometheus for everything again; the shards stopped."""
+    alertmanagers = [int(u.rsplit(":", 1)[1]) for u in alertmanager_urls(cfg)]
+    try:
+        _reload_prometheus(cfg, alertmanagers, layout="single")
+        _wait_rules(cfg, cfg.prometheus_url, "slurmedic-gpu")
+    finally:
+        for switch in cfg.switches:
+            processes.stop(cfg, shard_name(switch.name))
+
+
+def _prometheus_argv(cfg: LabConfig, name: str, port: int) -> list[str]:
+    return [
+        "prometheus",
+        f"--config.file={cfg.etc / f'{name}.yml'}",
+        f"--storage.tsdb.path={cfg.run_dir / name}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.enable-lifecycle",
+        "--storage.tsdb.retention.time=2d",
+    ]
+
+
+def _wait_targets_up(cfg: LabConfig, url: str, timeout: float, job: str | None = None) -> None:
+    def all_up() -> bool:
+        r = requests.get(f"{url}/api/v1/targets", timeout=1).json()
+        targets = [
+            t
+            for t in r["data"]["activeTargets"]
+            if t["labels"]["job"] != "slurmedic" and job in (None, t["labels"]["job"])
+        ]
+        return bool(targets) and all(t["health"] == "up" for t in targets)
+
+    if not processes.wait_until(all_up, timeout, 0.2):
+        raise LabError(f"the Prometheus at {url} has targets that are not up; see {cfg.logs}")
+
+
+def _wait_rules(cfg: LabConfig, url: str, group: str, absent: str | None = None) -> None:
+    """Until the Prometheus at `url` has loaded rule group `group` (and not `absent`)."""
+
+    def loaded() -> bool:
+        r = requests.get(f"{url}/api/v1/rules", timeout=2).json()
+        names = {g["name"] for g in r["data"]["groups"]}
+        return group in names and absent not in names
+
+    if not processes.wait_until(loaded, 30, 0.2):
+        raise LabError(f"the Prometheus at {url} has not loaded {group}; see {cfg.logs}")
 
 
 SLURMCTLD_METRICS = ("nodes", "jobs", "partitions", "scheduler")
@@ -266,18 +401,7 @@ def start(cfg: LabConfig) -> None:
     write_config(cfg)
     rd = cfg.run_dir
     py = cfg.python
-    processes.start(
-        cfg,
-        "prometheus",
-        [
-            "prometheus",
-            f"--config.file={cfg.etc / 'prometheus.yml'}",
-            f"--storage.tsdb.path={rd / 'prometheus'}",
-            f"--web.listen-address=127.0.0.1:{cfg.prometheus_port}",
-            "--web.enable-lifecycle",
-            "--storage.tsdb.retention.time=2d",
-        ],
-    )
+    processes.start(cfg, "prometheus", _prometheus_argv(cfg, "prometheus", cfg.prometheus_port))
     processes.start(cfg, "alertmanager", alertmanager_argv(cfg))
     processes.start(
         cfg,
@@ -343,8 +467,10 @@ def reload_alertmanagers(cfg: LabConfig) -> None:
         requests.post(f"{url}/-/reload", timeout=10).raise_for_status()
 
 
-def _reload_prometheus(cfg: LabConfig, alertmanagers: list[int]) -> None:
-    _write_yaml(cfg.etc / "prometheus.yml", prometheus_config(cfg, alertmanagers))
+def _reload_prometheus(
+    cfg: LabConfig, alertmanagers: list[int], *, layout: str | None = None
+) -> None:
+    _write_yaml(cfg.etc / "prometheus.yml", prometheus_config(cfg, alertmanagers, layout=layout))
     requests.post(f"{cfg.prometheus_url}/-/reload", timeout=10).raise_for_status()
 
     def sending_to_all() -> bool:
