@@ -141,23 +141,6 @@ COUNT_PREFIXES = (
     "scrape_",
 )
 
-# Groups whose every rule reads one node's (or one GPU's) series only: they can run on the
-# Prometheus that scrapes that node. The rest need the whole cluster (docs/rule-scale.md).
-SHARD_GROUPS = ("slurmedic-gpu", "slurmedic-node", "slurmedic-joblog")
-GLOBAL_GROUPS = ("slurmedic-slurm", "slurmedic-self", "slurmedic-training", "slurmedic-goodput")
-# What a shard records for the global ruler: the GPUs each job holds on the shard.
-SHARD_EXPORT_GROUP = "slurmedic-shard-export"
-SHARD_EXPORT = {
-    "name": SHARD_EXPORT_GROUP,
-    "rules": [
-        {
-            "record": "slurmedic:job_gpus:count",
-            "expr": 'count by (slurm_job_id) (label_replace(DCGM_FI_DEV_GPU_UTIL{hpc_job!=""}, '
-            '"slurm_job_id", "$1", "hpc_job", "(.+)"))',
-        }
-    ],
-}
-JOB_RUNNING_GLOBAL = "sum by (slurm_job_id) (slurmedic:job_gpus:count)"
 
 NODE_FAULTS = (
     "xid_node",  # XID 79 in the gauge since before the run: GpuXidNodeFault
@@ -765,10 +748,10 @@ class Scope:
             return targets
         return [(i, t) for i, t in targets if (i * self.shards) // len(targets) == self.shard]
 
-    def groups(self, wanted: list[str] | None) -> list[str] | None:
-        if wanted:
-            return wanted
-        return {"all": None, "shard": list(SHARD_GROUPS), "global": list(GLOBAL_GROUPS)}[self.role]
+    @property
+    def profile(self) -> str | None:
+        """The rule rendering's layout profile (alert_rules/config.yml) for this side."""
+        return {"all": None, "shard": "shard", "global": "global"}[self.role]
 
 
 def build_pages(c: Cluster, scope: Scope) -> tuple[dict[str, Page], list[dict[str, Any]]]:
@@ -776,7 +759,7 @@ def build_pages(c: Cluster, scope: Scope) -> tuple[dict[str, Page], list[dict[st
     cfg = LabConfig(run_dir=Path(tempfile.gettempdir()))
     pages: dict[str, Page] = {}
     jobs: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    honor = {"dcgm", "node", "pushgateway", "shards"}
+    honor = {"dcgm", "node", "pushgateway", "prometheus-shards"}
 
     def add(job: str, path: str, instance: str, page: Page) -> None:
         pages[path] = page
@@ -801,7 +784,7 @@ def build_pages(c: Cluster, scope: Scope) -> tuple[dict[str, Page], list[dict[st
         add("slurmctld-jobs", "/slurmctld/jobs", "slurmctld:6817", slurmctld_page(c, "jobs"))
         add("slurmedic", "/slurmedic", "slurmedic:8080", slurmedic_page(c))
     if scope.role == "global":
-        add("shards", "/shards", "shards:9090", shards_page(c, scope.shards))
+        add("prometheus-shards", "/federate", "shards:9090", shards_page(c, scope.shards))
     configs = [
         {"job_name": job, "honor_labels": job in honor, "static_configs": targets}
         for job, targets in jobs.items()
@@ -860,10 +843,9 @@ def serve(pages: dict[str, Page]) -> ThreadingHTTPServer:
     return server
 
 
-def rule_files(src: Path, out: Path, groups: list[str] | None, scope: Scope) -> list[str]:
-    """The rule files Prometheus loads: the rendered ones as they are, or (--groups, --shard)
-    copies with only the chosen groups (and, for the global ruler, slurmedic:job:running from
-    the shards' counts)."""
+def rule_files(src: Path, out: Path, groups: list[str] | None) -> list[str]:
+    """The rule files Prometheus loads: the rendered ones as they are, or (--groups) copies
+    with only the chosen groups."""
     files = sorted(src.glob("*.rules.yml"))
     if not files:
         raise SystemExit(f"--rules-dir {src}: no *.rules.yml")
@@ -874,17 +856,9 @@ def rule_files(src: Path, out: Path, groups: list[str] | None, scope: Scope) -> 
     for path in files:
         doc = yaml.safe_load(path.read_text()) or {}
         chosen = [g for g in doc.get("groups", []) if g["name"] in groups]
-        for g in chosen:
-            kept.append(g["name"])
-            if scope.role == "global" and g["name"] == "slurmedic-training":
-                for r in g["rules"]:
-                    if r.get("record") == "slurmedic:job:running":
-                        r["expr"] = JOB_RUNNING_GLOBAL
+        kept += [g["name"] for g in chosen]
         if chosen:
             (out / path.name).write_text(yaml.safe_dump({"groups": chosen}, sort_keys=False))
-    if scope.role == "shard":
-        (out / "shard-export.rules.yml").write_text(yaml.safe_dump({"groups": [SHARD_EXPORT]}))
-        kept.append(SHARD_EXPORT_GROUP)
     missing = sorted(set(groups) - set(kept))
     if missing:
         print(f"note: no group named {', '.join(missing)} in {src}")
@@ -1024,11 +998,14 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="slurmedic-bench-"))
     rules_src = args.rules_dir
-    if args.profile:
+    # A shard or the global ruler evaluates what the product renders for it (profiles shard and
+    # global); a --rules-dir of its own is taken as already rendered for the side it runs.
+    profiles = [p for p in (args.profile, scope.profile) if p]
+    if profiles and args.rules_dir == RULES_DIR:
         rules_src = work / "rendered"
-        RuleSource().write(rules_src, args.profile)
-    groups = scope.groups(args.groups.split(",") if args.groups else None)
-    patterns = rule_files(rules_src, work / "rules", groups, scope)
+        RuleSource().write(rules_src, ",".join(profiles))
+    groups = args.groups.split(",") if args.groups else None
+    patterns = rule_files(rules_src, work / "rules", groups)
 
     b0 = time.time()
     pages, scrape_configs = build_pages(c, scope)

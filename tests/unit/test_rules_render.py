@@ -125,6 +125,38 @@ def test_the_layouts_split_the_files_between_shards_and_the_global_ruler() -> No
     assert "for: 5s" in RuleSource().render("lab,global")["slurmedic.rules.yml"]
 
 
+def test_the_scale_profile_slows_only_the_groups_of_slow_signals() -> None:
+    """docs/rule-scale.md: at scale, rates and slowdowns sustained for minutes, port states over
+    an hour and the day-long goodput ratios are evaluated once a minute; the evidence slurmedic
+    drains on at once keeps Prometheus' evaluation interval. Without the profile no group sets
+    an interval of its own."""
+
+    def intervals(profile: str | None) -> dict[str, str | None]:
+        return {
+            g["name"]: g.get("interval")
+            for text in RuleSource().render(profile).values()
+            for g in yaml.safe_load(text)["groups"]
+        }
+
+    assert set(intervals(None).values()) == {None}
+    slow = {name for name, every in intervals("scale").items() if every == "1m"}
+    assert slow == {
+        "slurmedic-gpu-slow",
+        "slurmedic-node",
+        "slurmedic-training-slow",
+        "slurmedic-goodput",
+    }
+    alerts = {
+        r["alert"]: g["name"]
+        for text in RuleSource().render("scale").values()
+        for g in yaml.safe_load(text)["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    for fast in ("GpuXidNodeFault", "GpuDoubleBitEccErrors", "GpuMissing", "TrainingHang"):
+        assert alerts[fast] not in slow, fast
+
+
 def test_a_template_with_no_place_in_the_layouts_is_refused(tmp_path: Path) -> None:
     copy = tmp_path / "alert_rules"
     shutil.copytree(RULES_DIR, copy)
@@ -189,6 +221,7 @@ def test_unknown_profile_and_keys_are_named(tmp_path: Path) -> None:
         ("many_nodes_down: 4 ", "many_nodes_down: Input should be greater than or equal to 1"),
         ("node_status_metric: slurm_node_status", "node_status_metric: Input should be"),
         ("rule_layout: single", "rule_layout: Input should be 'single', 'shard' or 'global'"),
+        ('slow_interval: ""', "slow_interval"),
     ],
 )
 def test_a_threshold_of_the_wrong_kind_is_named_before_anything_renders(
@@ -201,6 +234,7 @@ def test_a_threshold_of_the_wrong_kind_is_named_before_anything_renders(
         "many_nodes_down: 4 ": "many_nodes_down: 0 ",
         "node_status_metric: slurm_node_status": "node_status_metric: slurm_nodes",
         "rule_layout: single": "rule_layout: sharded",
+        'slow_interval: ""': "slow_interval: 1 minute",
     }[edit]
     copy = tmp_path / "alert_rules"
     shutil.copytree(RULES_DIR, copy)

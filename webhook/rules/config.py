@@ -75,6 +75,7 @@ class RuleConfig(BaseModel):
     monitor_switch_for: Duration
     # Where the rules are evaluated (render.LAYOUTS)
     rule_layout: Literal["single", "shard", "global"]
+    slow_interval: Duration | Literal[""]
     shard_selector: str = Field(min_length=1)
     shard_down_for: Duration
 
