@@ -4,7 +4,8 @@ A real Prometheus scrapes synthetic exporters and evaluates the rendered product
 (alert_rules/*.rules.yml) every `--interval`; the bench prints what Prometheus itself reports.
 Every series a rule group reads is exposed, with the label sets of the real exporters:
 
-- dcgm-exporter (group slurmedic-gpu; DCGM_FI_DEV_GPU_UTIL also for slurmedic-training): the
+- dcgm-exporter (groups slurmedic-gpu, slurmedic-gpu-slow; DCGM_FI_DEV_GPU_UTIL also for
+  slurmedic-training, or slurmedic-shard on a shard): the
   lab's fake dcgm-exporter values and labels (UUID, pci_bus_id, device, modelName, Hostname,
   driver, hpc_job), each node with its own `instance` and `up`, as a federating proxy (or a
   per-rack agent) passes them on: 128 nodes per scrape target, `honor_labels`;
@@ -26,8 +27,8 @@ step timestamps move, are one template each: the cost measured is Prometheus'.
 
     .venv/bin/python -m bench.rule_eval [--nodes 2048] [--seconds 120] [--interval 10]
     .venv/bin/python -m bench.rule_eval --nodes 16384 --plan     # series and memory, no run
-    .venv/bin/python -m bench.rule_eval --nodes 16384 --shard 0/8   # one scrape shard's ruler
-    .venv/bin/python -m bench.rule_eval --nodes 16384 --shard global/8   # the global ruler
+    .venv/bin/python -m bench.rule_eval --nodes 16384 --shard 0/32 --profile scale  # a shard
+    .venv/bin/python -m bench.rule_eval --nodes 16384 --shard global/16 --profile scale  # ruler
 
 docs/rule-scale.md has the figures and what they mean.
 """
@@ -68,7 +69,8 @@ from lab.dcgm_exporter import (
     xid_counts,
 )
 from lab.faults import GpuFault
-from webhook.rules.render import RULES_DIR, RuleSource
+from lab.monitoring import SHARD_JOB
+from webhook.rules.render import JOB_GPUS_RECORD, LAYOUTS, RULES_DIR, RuleSource
 
 PORT_BASE = 28000  # below the ephemeral range, clear of the labs (17000, 27000, 30000, 31000)
 PAGES_PORT = PORT_BASE + 1  # every synthetic exporter page, by path
@@ -704,7 +706,7 @@ def slurmedic_page(c: Cluster) -> Page:
 
 
 def shards_page(c: Cluster, n_shards: int) -> Page:
-    """What the shards' `slurmedic:job_gpus:count` gives the global ruler (--shard global/N)."""
+    """What the shards' job GPU counts (JOB_GPUS_RECORD) give the ruler (--shard global/N)."""
     out = Exposition()
     targets = c.targets()
     shard_of = {n: (t * n_shards) // len(targets) for t, ns in enumerate(targets) for n in ns}
@@ -712,7 +714,7 @@ def shards_page(c: Cluster, n_shards: int) -> Page:
         per: Counter[int] = Counter(shard_of[n] for n in job.nodes)
         for shard, count in sorted(per.items()):
             labels = f'shard="{shard}",slurm_job_id="{job.id}"'
-            out.add("slurmedic:job_gpus:count", labels, count * GPUS_PER_NODE)
+            out.add(JOB_GPUS_RECORD, labels, count * GPUS_PER_NODE)
     return Page(out)
 
 
@@ -721,7 +723,7 @@ def shards_page(c: Cluster, n_shards: int) -> Page:
 
 @dataclass
 class Scope:
-    """Which pages a run serves and which rule groups it evaluates."""
+    """Which pages a run serves and which rendering (layout) of the rules it evaluates."""
 
     shard: int | None  # this scrape shard's node-scoped sources only
     shards: int
@@ -759,7 +761,7 @@ def build_pages(c: Cluster, scope: Scope) -> tuple[dict[str, Page], list[dict[st
     cfg = LabConfig(run_dir=Path(tempfile.gettempdir()))
     pages: dict[str, Page] = {}
     jobs: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    honor = {"dcgm", "node", "pushgateway", "prometheus-shards"}
+    honor = {"dcgm", "node", "pushgateway", SHARD_JOB}
 
     def add(job: str, path: str, instance: str, page: Page) -> None:
         pages[path] = page
@@ -784,7 +786,7 @@ def build_pages(c: Cluster, scope: Scope) -> tuple[dict[str, Page], list[dict[st
         add("slurmctld-jobs", "/slurmctld/jobs", "slurmctld:6817", slurmctld_page(c, "jobs"))
         add("slurmedic", "/slurmedic", "slurmedic:8080", slurmedic_page(c))
     if scope.role == "global":
-        add("prometheus-shards", "/federate", "shards:9090", shards_page(c, scope.shards))
+        add(SHARD_JOB, "/federate", "shards:9090", shards_page(c, scope.shards))
     configs = [
         {"job_name": job, "honor_labels": job in honor, "static_configs": targets}
         for job, targets in jobs.items()
@@ -843,23 +845,23 @@ def serve(pages: dict[str, Page]) -> ThreadingHTTPServer:
     return server
 
 
-def rule_files(src: Path, out: Path, groups: list[str] | None) -> list[str]:
-    """The rule files Prometheus loads: the rendered ones as they are, or (--groups) copies
-    with only the chosen groups."""
-    files = sorted(src.glob("*.rules.yml"))
+def rule_files(src: Path, out: Path, groups: list[str] | None, layout: str) -> list[str]:
+    """The rule files Prometheus loads: the rendered ones of this side's layout as they are,
+    or (--groups) copies with only the chosen groups."""
+    files = [p for p in sorted(src.glob("*.rules.yml")) if p.name in LAYOUTS[layout]]
     if not files:
-        raise SystemExit(f"--rules-dir {src}: no *.rules.yml")
-    if groups is None:
+        raise SystemExit(f"--rules-dir {src}: no *.rules.yml of the {layout} layout")
+    if groups is None and len(files) == len(list(src.glob("*.rules.yml"))):
         return [str(src.resolve() / "*.rules.yml")]
     out.mkdir(parents=True, exist_ok=True)
     kept: list[str] = []
     for path in files:
         doc = yaml.safe_load(path.read_text()) or {}
-        chosen = [g for g in doc.get("groups", []) if g["name"] in groups]
+        chosen = [g for g in doc.get("groups", []) if groups is None or g["name"] in groups]
         kept += [g["name"] for g in chosen]
         if chosen:
             (out / path.name).write_text(yaml.safe_dump({"groups": chosen}, sort_keys=False))
-    missing = sorted(set(groups) - set(kept))
+    missing = sorted(set(groups or ()) - set(kept))
     if missing:
         print(f"note: no group named {', '.join(missing)} in {src}")
     return [str(out / "*.rules.yml")]
@@ -949,7 +951,8 @@ def main() -> None:
     )
     p.add_argument("--groups", help="evaluate only these groups (comma-separated names)")
     p.add_argument(
-        "--shard", help="K/N: scrape shard K of N (per-node groups); global/N: the global ruler"
+        "--shard",
+        help="K/N: scrape shard K of N (profile shard); global/N: the ruler (profile global)",
     )
     p.add_argument(
         "--full", action="store_true", help="also the series no rule reads (all DCGM fields, ...)"
@@ -999,13 +1002,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="slurmedic-bench-"))
     rules_src = args.rules_dir
     # A shard or the global ruler evaluates what the product renders for it (profiles shard and
-    # global); a --rules-dir of its own is taken as already rendered for the side it runs.
+    # global); a --rules-dir of its own is a rendering already, of which a shard or the ruler
+    # loads the files of its layout.
+    own_dir = args.rules_dir.resolve() != RULES_DIR.resolve()
+    if args.profile and own_dir:
+        raise SystemExit("--profile renders the templates, --rules-dir reads a rendering: not both")
     profiles = [p for p in (args.profile, scope.profile) if p]
-    if profiles and args.rules_dir == RULES_DIR:
+    if profiles and not own_dir:
         rules_src = work / "rendered"
         RuleSource().write(rules_src, ",".join(profiles))
     groups = args.groups.split(",") if args.groups else None
-    patterns = rule_files(rules_src, work / "rules", groups)
+    layout = scope.profile or "single"
+    patterns = rule_files(rules_src, work / "rules", groups, layout)
 
     b0 = time.time()
     pages, scrape_configs = build_pages(c, scope)

@@ -94,7 +94,8 @@ class LabConfig:
     accounting: bool = field(default_factory=_default_accounting)
 
     def __post_init__(self) -> None:
-        # The lab takes base+1 .. base+917; above 32767 the kernel hands out ephemeral ports,
+        # The lab takes base+1 .. base+917 (with 8 leaf switches, the most it has room for);
+        # above 32767 the kernel hands out ephemeral ports,
         # and a client's source port could take one of ours. Checked here, for every lab (the
         # tests and benches make theirs without the environment).
         if not 1024 <= self.port_base <= 31000:
@@ -102,6 +103,8 @@ class LabConfig:
                 f"the lab's port base (SLURMEDIC_LAB_PORT_BASE) must be from 1024 to 31000, "
                 f"not {self.port_base}"
             )
+        if len(self.switches) > 8:
+            raise ValueError("the lab has room for 8 leaf switches (a shard port each)")
         from lab.stacks import get
 
         get(self.stack)  # a clear error for an unknown name
@@ -198,7 +201,7 @@ class LabConfig:
         return self.port_base + 401 + self.nodes.index(node)
 
     def prometheus_shard_port(self, switch: str) -> int:
-        """A scrape shard's Prometheus (`monitoring.split`): one per leaf switch."""
+        """A scrape shard's Prometheus (`monitoring.split`): one per leaf switch, up to 8."""
         return self.port_base + 910 + [s.name for s in self.switches].index(switch)
 
     @property

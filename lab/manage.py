@@ -7,7 +7,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,22 +74,12 @@ def daemon_ports(cfg: LabConfig) -> dict[str, list[int]]:
     }
 
 
-def port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
 def check_ports(cfg: LabConfig) -> None:
     """Fail fast, naming the port, when a daemon to start would find its port taken."""
     for name, ports in daemon_ports(cfg).items():
         if processes.read_pid(cfg, name) is not None:
             continue
-        taken = [p for p in ports if port_in_use(p)]
+        taken = [p for p in ports if processes.port_in_use(p)]
         if taken:
             raise LabError(
                 f"port {taken[0]} for {name} is in use (another lab? set SLURMEDIC_LAB_PORT_BASE)"

@@ -20,7 +20,7 @@ from lab import processes, stacks
 from lab.config import LabConfig, Switch
 from lab.slurm import LabError
 from webhook import resources
-from webhook.rules.render import RuleSource
+from webhook.rules.render import JOB_GPUS_RECORD, RuleSource
 
 MTAIL_DIR = resources.MTAIL_PROGRAMS
 LAB_HANG_WAIT = "40s"  # the lab policy's hang_wait
@@ -81,7 +81,7 @@ def prometheus_config(
                 SHARD_JOB,
                 [cfg.prometheus_shard_port(s.name) for s in cfg.switches],
                 metrics_path="/federate",
-                params={"match[]": ['{__name__="slurmedic:job_gpus:count"}']},
+                params={"match[]": [f'{{__name__="{JOB_GPUS_RECORD}"}}']},
                 honor_labels=True,
             )
         ]
@@ -136,11 +136,18 @@ def split(cfg: LabConfig, timeout: float = 60.0) -> None:
     """The rules split as docs/rule-scale.md lays them out at scale: a Prometheus per leaf
     switch scrapes its nodes and evaluates their per-node rules (profile `shard`); the lab's
     Prometheus becomes the global ruler (profile `global`), federating each shard's job counts.
-    Returns once every shard has scraped its nodes and the ruler has read every shard."""
+    Returns once every shard has scraped its nodes and the ruler has read every shard.
+
+    The shards send to the Alertmanagers that run now: a peer added later (`add_peer`) gets
+    the ruler's alerts only."""
     profile = rules_profile(cfg)
     RuleSource().write(cfg.run_dir / "rules-shard", profile=f"{profile},shard")
     RuleSource().write(cfg.run_dir / "rules-global", profile=f"{profile},global")
     alertmanagers = [int(u.rsplit(":", 1)[1]) for u in alertmanager_urls(cfg)]
+    for switch in cfg.switches:
+        port = cfg.prometheus_shard_port(switch.name)
+        if processes.read_pid(cfg, shard_name(switch.name)) is None and processes.port_in_use(port):
+            raise LabError(f"port {port} for shard {switch.name} is in use (another lab?)")
     try:
         for switch in cfg.switches:
             name, port = shard_name(switch.name), cfg.prometheus_shard_port(switch.name)
@@ -151,7 +158,7 @@ def split(cfg: LabConfig, timeout: float = 60.0) -> None:
         _reload_prometheus(cfg, alertmanagers, layout="global")
         _wait_rules(cfg, cfg.prometheus_url, "slurmedic-training", absent="slurmedic-gpu")
         _wait_targets_up(cfg, cfg.prometheus_url, timeout, job=SHARD_JOB)
-    except Exception:
+    except BaseException:  # an interrupt too: never a lab left half split
         join(cfg)
         raise
 
@@ -179,6 +186,9 @@ def _prometheus_argv(cfg: LabConfig, name: str, port: int) -> list[str]:
 
 
 def _wait_targets_up(cfg: LabConfig, url: str, timeout: float, job: str | None = None) -> None:
+    """Until the Prometheus at `url` has scraped each of its targets (of `job`) successfully
+    once; slurmedic's own is up only while `lab serve` runs it."""
+
     def all_up() -> bool:
         r = requests.get(f"{url}/api/v1/targets", timeout=1).json()
         targets = [
@@ -189,7 +199,10 @@ def _wait_targets_up(cfg: LabConfig, url: str, timeout: float, job: str | None =
         return bool(targets) and all(t["health"] == "up" for t in targets)
 
     if not processes.wait_until(all_up, timeout, 0.2):
-        raise LabError(f"the Prometheus at {url} has targets that are not up; see {cfg.logs}")
+        raise LabError(
+            f"the Prometheus at {url} has targets that are not up; see `slurmedic lab status` "
+            f"and {cfg.logs}"
+        )
 
 
 def _wait_rules(cfg: LabConfig, url: str, group: str, absent: str | None = None) -> None:
@@ -540,13 +553,5 @@ def wait_ready(cfg: LabConfig, timeout: float = 20.0) -> None:
 
 
 def wait_scraped(cfg: LabConfig, timeout: float = 20.0) -> None:
-    """Wait until Prometheus has scraped every target successfully once (slurmedic's own is up
-    only while `lab serve` runs it)."""
-
-    def all_up() -> bool:
-        r = requests.get(f"{cfg.prometheus_url}/api/v1/targets", timeout=1).json()
-        targets = [t for t in r["data"]["activeTargets"] if t["labels"]["job"] != "slurmedic"]
-        return bool(targets) and all(t["health"] == "up" for t in targets)
-
-    if not processes.wait_until(all_up, timeout, 0.2):
-        raise LabError("Prometheus has targets that are not up; see `slurmedic lab status`")
+    """Wait until Prometheus has scraped every target successfully once."""
+    _wait_targets_up(cfg, cfg.prometheus_url, timeout)

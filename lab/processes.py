@@ -10,12 +10,24 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from lab.config import MARKER_ENV, LabConfig
+
+
+def port_in_use(port: int) -> bool:
+    """Something listens on (or holds) this loopback port: a daemon meant for it would fail."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def is_alive(pid: int) -> bool:

@@ -18,6 +18,7 @@ import requests
 from lab import api, manage, monitoring, processes
 from lab.config import LabConfig
 from tests.lab.conftest import Receiver, eventually, query, running_nodes
+from webhook.rules.render import JOB_GPUS_RECORD
 
 pytestmark = pytest.mark.lab
 
@@ -47,16 +48,17 @@ def test_per_node_rules_on_the_shards_cross_node_rules_on_the_global_ruler(
     nodes = running_nodes(lab_cfg, job)
     assert {leaf_of[n] for n in nodes} == set(split_lab), nodes
 
-    # The ruler knows the job holds its 24 GPUs only from the two shards' counts.
+    # The ruler knows the job holds its GPUs only from the two shards' counts.
     def running() -> float:
         found = query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}')
         return float(found[0]["value"]) if found else 0.0
 
-    eventually(lambda: running() == 24, timeout=40, what="the job's 24 GPUs added up on the ruler")
+    gpus = lab_cfg.gpus_per_node
+    eventually(lambda: running() == gpus * len(nodes), timeout=40, what="the job's GPUs added up")
     for shard, mine in split_lab.items():
         url = lab_cfg.url(lab_cfg.prometheus_shard_port(shard))
-        counted = api.query(lab_cfg, f'slurmedic:job_gpus:count{{slurm_job_id="{job}"}}', url)
-        assert [c["value"] for c in counted] == [8 * len(set(nodes) & set(mine))], shard
+        counted = api.query(lab_cfg, f'{JOB_GPUS_RECORD}{{slurm_job_id="{job}"}}', url)
+        assert [c["value"] for c in counted] == [gpus * len(set(nodes) & set(mine))], shard
     targets = requests.get(f"{lab_cfg.prometheus_url}/api/v1/targets", timeout=5).json()
     jobs = {t["labels"]["job"] for t in targets["data"]["activeTargets"]}
     assert "dcgm" not in jobs and monitoring.SHARD_JOB in jobs

@@ -33,7 +33,9 @@ def test_every_port_is_distinct(cfg: LabConfig) -> None:
     ports += [cfg.slurmd_port(n) for n in cfg.nodes] + [cfg.dcgm_port(n) for n in cfg.nodes]
     # The replica tests' slurmedic replicas take the receiver's port and the next two.
     ports += [cfg.receiver_port + 1, cfg.receiver_port + 2]
-    assert len(ports) == len(set(ports)) == 13 + 16 + 2
+    # `lab shards split`: a Prometheus per leaf switch.
+    ports += [cfg.prometheus_shard_port(s.name) for s in cfg.switches]
+    assert len(ports) == len(set(ports)) == 13 + 16 + 2 + 2
     assert all(27000 < p < 28000 for p in ports)
 
 
@@ -118,3 +120,11 @@ def test_port_base_stays_below_the_ephemeral_range(
     monkeypatch.setenv("SLURMEDIC_LAB_PORT_BASE", base)
     with pytest.raises(ValueError, match="from 1024 to 31000"):
         LabConfig.from_env()
+
+
+def test_the_lab_ruler_federates_the_shards_under_the_job_the_rules_select() -> None:
+    """SlurmedicShardDown watches `up{shard_selector}`: the lab's federation job must be it."""
+    from lab.monitoring import SHARD_JOB
+    from webhook.rules.render import RuleSource
+
+    assert RuleSource().config("global")["shard_selector"] == f'job="{SHARD_JOB}"'

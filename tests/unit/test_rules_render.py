@@ -5,13 +5,16 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import yaml
 
 from webhook.core.signals import SIGNALS
+from webhook.rules.config import RuleConfig
 from webhook.rules.render import (
     CROSS_NODE,
+    LAYOUTS,
     PER_NODE,
     RULES_DIR,
     VARIANTS,
@@ -122,7 +125,13 @@ def test_the_layouts_split_the_files_between_shards_and_the_global_ruler() -> No
     assert "SlurmedicShardDown" in ruler["slurmedic.rules.yml"]
     assert "SlurmedicShardDown" not in single["slurmedic.rules.yml"]
     # Profiles compose: the lab's timings on a global ruler.
-    assert "for: 5s" in RuleSource().render("lab,global")["slurmedic.rules.yml"]
+    lab_ruler = yaml.safe_load(RuleSource().render("lab,global")["slurmedic.rules.yml"])
+    shard_down = [
+        r for g in lab_ruler["groups"] for r in g["rules"] if r.get("alert") == "SlurmedicShardDown"
+    ]
+    assert [r["for"] for r in shard_down] == ["5s"]
+    # The layouts config.yml accepts are the ones the renderer knows.
+    assert set(get_args(RuleConfig.model_fields["rule_layout"].annotation)) == set(LAYOUTS)
 
 
 def test_the_scale_profile_slows_only_the_groups_of_slow_signals() -> None:
@@ -276,6 +285,39 @@ def test_a_site_copy_of_the_config_renders_into_its_own_directory(tmp_path: Path
     assert "time() - 1200" not in (RULES_DIR / "training.rules.yml").read_text()
     refused = cli("render", f"--config={site}")
     assert refused.returncode == 2 and "--out" in refused.stderr
+
+
+def test_a_rendering_over_another_layouts_files_names_the_files_left_over(tmp_path: Path) -> None:
+    """A shard's directory that still holds the single rendering's cross-node files would
+    evaluate them too (SlurmedicDown from every shard): render warns, check fails, by name."""
+    out = tmp_path / "rules"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "webhook.cli", "rules", *args, f"--out={out}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    assert cli("render").returncode == 0
+    shard = cli("render", "--profile=shard")
+    assert shard.returncode == 0, shard.stderr
+    left = "goodput.rules.yml, slurm.rules.yml, slurmedic.rules.yml, training.rules.yml"
+    assert f"also holds {left}, which this rendering does not produce" in shard.stderr
+    check = cli("check", "--profile=shard")
+    assert check.returncode == 1
+    assert "slurmedic.rules.yml (not part of this rendering: remove it)" in check.stderr
+    for name in left.split(", "):
+        (out / name).unlink()
+    assert cli("check", "--profile=shard").returncode == 0
+    assert "warning" not in cli("render", "--profile=shard").stderr
+    # The checkout's own directories: a file no rendering produces is stale.
+    copy = tmp_path / "alert_rules"
+    shutil.copytree(RULES_DIR, copy)
+    (copy / "tests" / "global" / "gpu.rules.yml").write_text("groups: []\n")
+    assert RuleSource(copy).stale() == ["tests/global/gpu.rules.yml"]
 
 
 @pytest.mark.parametrize(("d", "s"), [("10m", 600), ("1h", 3600), ("12s", 12), ("2d", 172800)])

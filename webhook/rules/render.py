@@ -34,6 +34,8 @@ CROSS_NODE = frozenset(
     {"training.rules.yml", "goodput.rules.yml", "slurm.rules.yml", "slurmedic.rules.yml"}
 )
 SHARD_EXPORT = frozenset({"shard.rules.yml"})
+# What each shard records and the ruler federates and adds up (templates: `job_gpus_record`).
+JOB_GPUS_RECORD = "slurmedic:job_gpus:count"
 LAYOUTS = {
     "single": PER_NODE | CROSS_NODE,
     "shard": PER_NODE | SHARD_EXPORT,
@@ -161,6 +163,7 @@ class RuleSource:
             autoescape=False,  # noqa: S701 - renders YAML, not HTML
         )
         env.filters["seconds"] = seconds
+        env.globals["job_gpus_record"] = JOB_GPUS_RECORD
         values = self.config(profile)
         out = {}
         for template in sorted(self.templates.glob("*.rules.yml")):
@@ -209,6 +212,12 @@ class RuleSource:
             if not (out_dir / name).exists() or (out_dir / name).read_text() != text
         ]
 
+    def strays(self, out_dir: Path, profile: str | None = None) -> list[str]:
+        """Rule files in `out_dir` that this rendering does not produce. Prometheus loads a
+        directory's `*.rules.yml`: a file of another layout left there (the single rendering's
+        slurmedic.rules.yml on a shard, alerting SlurmedicDown) is evaluated too."""
+        return _strays(out_dir, self.render(profile))
+
     def variants(self) -> dict[str, dict[str, str]]:
         """Renderings kept beside the tests (alert_rules/tests/PROFILE/) so that promtool tests
         them too: the rule files a profile changes."""
@@ -236,15 +245,26 @@ class RuleSource:
 
     def stale(self) -> list[str]:
         """Rule files in the repo that differ from a fresh render of the defaults (or, for the
-        variants beside the tests, of their profile)."""
+        variants beside the tests, of their profile), or that no rendering produces."""
         out = [
             name
             for name, text in self.render().items()
             if not (self.rules_dir / name).exists() or (self.rules_dir / name).read_text() != text
         ]
+        out += _strays(self.rules_dir, self.render())
         for profile, files in self.variants().items():
+            out += [
+                f"tests/{profile}/{name}"
+                for name in _strays(self.rules_dir / "tests" / profile, files)
+            ]
             for name, text in files.items():
                 path = self.rules_dir / "tests" / profile / name
                 if not path.exists() or path.read_text() != text:
                     out.append(f"tests/{profile}/{name}")
         return out
+
+
+def _strays(out_dir: Path, rendered: dict[str, str]) -> list[str]:
+    if not out_dir.is_dir():
+        return []
+    return sorted(p.name for p in out_dir.glob("*.rules.yml") if p.name not in rendered)
