@@ -848,10 +848,11 @@ def serve(pages: dict[str, Page]) -> ThreadingHTTPServer:
 def rule_files(src: Path, out: Path, groups: list[str] | None, layout: str) -> list[str]:
     """The rule files Prometheus loads: the rendered ones of this side's layout as they are,
     or (--groups) copies with only the chosen groups."""
-    files = [p for p in sorted(src.glob("*.rules.yml")) if p.name in LAYOUTS[layout]]
+    every = sorted(src.glob("*.rules.yml"))
+    files = [p for p in every if p.name in LAYOUTS[layout]]
     if not files:
         raise SystemExit(f"--rules-dir {src}: no *.rules.yml of the {layout} layout")
-    if groups is None and len(files) == len(list(src.glob("*.rules.yml"))):
+    if groups is None and files == every:
         return [str(src.resolve() / "*.rules.yml")]
     out.mkdir(parents=True, exist_ok=True)
     kept: list[str] = []

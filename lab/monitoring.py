@@ -143,7 +143,7 @@ def split(cfg: LabConfig, timeout: float = 60.0) -> None:
     profile = rules_profile(cfg)
     RuleSource().write(cfg.run_dir / "rules-shard", profile=f"{profile},shard")
     RuleSource().write(cfg.run_dir / "rules-global", profile=f"{profile},global")
-    alertmanagers = [int(u.rsplit(":", 1)[1]) for u in alertmanager_urls(cfg)]
+    alertmanagers = alertmanager_ports(cfg)
     for switch in cfg.switches:
         port = cfg.prometheus_shard_port(switch.name)
         if processes.read_pid(cfg, shard_name(switch.name)) is None and processes.port_in_use(port):
@@ -165,7 +165,7 @@ def split(cfg: LabConfig, timeout: float = 60.0) -> None:
 
 def join(cfg: LabConfig) -> None:
     """One Prometheus for everything again; the shards stopped."""
-    alertmanagers = [int(u.rsplit(":", 1)[1]) for u in alertmanager_urls(cfg)]
+    alertmanagers = alertmanager_ports(cfg)
     try:
         _reload_prometheus(cfg, alertmanagers, layout="single")
         _wait_rules(cfg, cfg.prometheus_url, "slurmedic-gpu")
@@ -466,12 +466,16 @@ def alertmanager_argv(cfg: LabConfig, *, peer: bool = False) -> list[str]:
     ]
 
 
-def alertmanager_urls(cfg: LabConfig) -> list[str]:
+def alertmanager_ports(cfg: LabConfig) -> list[int]:
     """Every Alertmanager of the lab that runs: the lab's, and its peer while it runs."""
     peer = processes.read_pid(cfg, "alertmanager-peer")
-    return [cfg.alertmanager_url] + (
-        [cfg.url(cfg.alertmanager_peer_port)] if peer and processes.is_alive(peer) else []
+    return [cfg.alertmanager_port] + (
+        [cfg.alertmanager_peer_port] if peer and processes.is_alive(peer) else []
     )
+
+
+def alertmanager_urls(cfg: LabConfig) -> list[str]:
+    return [cfg.url(port) for port in alertmanager_ports(cfg)]
 
 
 def reload_alertmanagers(cfg: LabConfig) -> None:

@@ -12,7 +12,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from lab import api, manage, monitoring, postgres, processes
 from lab.config import LabConfig
 from lab.slurm import slurm
+from webhook.adapters.accounting import Accounting
+from webhook.backtest.history import NodeEvent
 from webhook.ledger.store import Ledger
 from webhook.service.config import load_config
 
@@ -196,10 +198,12 @@ def job_story(cfg: LabConfig, job: int) -> str:
     return "\n".join([f"job {job}: {now}", *lines[-40:]])
 
 
-def node_events(cfg: LabConfig, node: str, fields: str, *extra: str) -> str:
-    """`sacctmgr show event` for one node: its events, one a line, `fields` `|`-separated."""
-    argv = ("sacctmgr", "-P", "-n", "show", "event", "event=node", f"nodes={node}", *extra)
-    return slurm(cfg, *argv, f"format={fields}", check=False)
+def node_events(cfg: LabConfig, node: str) -> list[NodeEvent]:
+    """`node`'s DOWN and DRAIN events of the last day, as slurmedic's accounting adapter reads
+    them (the backtest's own reader, with an explicit window: no default of sacctmgr's)."""
+    now = datetime.now(UTC)
+    window = (now - timedelta(days=1), now + timedelta(hours=1))
+    return [e for e in Accounting(cfg.slurm_env()).node_events(*window) if e.node == node]
 
 
 def node_story(cfg: LabConfig, node: str) -> str:
@@ -207,7 +211,7 @@ def node_story(cfg: LabConfig, node: str) -> str:
     slurmdbd's log lines about it. A failed wait's message, as `job_story` is for a job."""
     reads: list[tuple[str, Callable[[], str]]] = [
         ("sinfo", lambda: slurm(cfg, "sinfo", "-h", "-N", "-n", node, "-o", "%N %T %E")),
-        ("sacctmgr", lambda: node_events(cfg, node, "TimeStart,TimeEnd,State,Reason,User")),
+        ("sacctmgr", lambda: "\n".join(map(str, node_events(cfg, node)))),
     ]
     parts = []
     for name, read in reads:

@@ -66,10 +66,8 @@ def sacct_state(cfg: LabConfig, job: int) -> str:
 
 
 def event_of(cfg: LabConfig, node: str, reason: str, ended: bool) -> bool:
-    out = node_events(cfg, node, "Reason,TimeEnd,User")
     return any(
-        line.startswith(reason + "|") and (not ended or "Unknown" not in line)
-        for line in out.splitlines()
+        e.reason == reason and (not ended or e.end is not None) for e in node_events(cfg, node)
     )
 
 

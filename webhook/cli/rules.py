@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from webhook import resources
-from webhook.rules.render import RULES_DIR, RulesError, RuleSource
+from webhook.rules.render import RULES_DIR, RulesError, RuleSource, strays
 
 profile_option = click.option(
     "--profile",
@@ -54,10 +54,10 @@ def render(profile: str | None, config_file: Path | None, out: Path | None) -> N
     for path in changed:
         click.echo(f"changed {path}")
     click.echo(f"{len(changed)} changed, {len(written) - len(changed)} unchanged in {out}")
-    strays = source.strays(out, profile)
-    if strays:
+    left = strays(out, (path.name for path, _ in written if path.parent == out))
+    if left:
         click.echo(
-            f"warning: {out} also holds {', '.join(strays)}, which this rendering does not "
+            f"warning: {out} also holds {', '.join(left)}, which this rendering does not "
             "produce (another profile's?); Prometheus loads it too: remove it",
             err=True,
         )
@@ -80,10 +80,7 @@ def check(profile: str | None, config_file: Path | None, out: Path | None) -> No
         else:
             if out is None:
                 raise click.UsageError("name the directory of rendered rules: --out DIR")
-            stale = source.differs(out, profile) + [
-                f"{name} (not part of this rendering: remove it)"
-                for name in source.strays(out, profile)
-            ]
+            stale = source.differs(out, profile)
     except RulesError as e:
         raise click.ClickException(str(e)) from e
     if stale:

@@ -8,6 +8,7 @@ PromQL. Templates use `[[ ]]` and `[% %]` as Jinja delimiters so that Prometheus
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,23 +206,15 @@ class RuleSource:
         return written
 
     def differs(self, out_dir: Path, profile: str | None = None) -> list[str]:
-        """The rule files in `out_dir` that a fresh render would change (or add)."""
-        return [
-            name
-            for name, text in self.render(profile).items()
-            if not (out_dir / name).exists() or (out_dir / name).read_text() != text
-        ]
+        """The rule files in `out_dir` that a fresh render would change (or add), and those it
+        would not produce at all (see `strays`)."""
+        differ, extra = _out_of_date(out_dir, self.render(profile))
+        return differ + [f"{name} (not part of this rendering: remove it)" for name in extra]
 
-    def strays(self, out_dir: Path, profile: str | None = None) -> list[str]:
-        """Rule files in `out_dir` that this rendering does not produce. Prometheus loads a
-        directory's `*.rules.yml`: a file of another layout left there (the single rendering's
-        slurmedic.rules.yml on a shard, alerting SlurmedicDown) is evaluated too."""
-        return _strays(out_dir, self.render(profile))
-
-    def variants(self) -> dict[str, dict[str, str]]:
+    def variants(self, default: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
         """Renderings kept beside the tests (alert_rules/tests/PROFILE/) so that promtool tests
-        them too: the rule files a profile changes."""
-        default = self.render()
+        them too: the rule files a profile changes (from `default`, the defaults' rendering)."""
+        default = default or self.render()
         return {
             variant: {
                 name: text
@@ -246,25 +239,34 @@ class RuleSource:
     def stale(self) -> list[str]:
         """Rule files in the repo that differ from a fresh render of the defaults (or, for the
         variants beside the tests, of their profile), or that no rendering produces."""
-        out = [
-            name
-            for name, text in self.render().items()
-            if not (self.rules_dir / name).exists() or (self.rules_dir / name).read_text() != text
+        default = self.render()
+        dirs = [("", self.rules_dir, default)] + [
+            (f"tests/{variant}/", self.rules_dir / "tests" / variant, files)
+            for variant, files in self.variants(default).items()
         ]
-        out += _strays(self.rules_dir, self.render())
-        for profile, files in self.variants().items():
-            out += [
-                f"tests/{profile}/{name}"
-                for name in _strays(self.rules_dir / "tests" / profile, files)
-            ]
-            for name, text in files.items():
-                path = self.rules_dir / "tests" / profile / name
-                if not path.exists() or path.read_text() != text:
-                    out.append(f"tests/{profile}/{name}")
+        out = []
+        for prefix, out_dir, rendered in dirs:
+            differ, extra = _out_of_date(out_dir, rendered)
+            out += [prefix + name for name in differ + extra]
         return out
 
 
-def _strays(out_dir: Path, rendered: dict[str, str]) -> list[str]:
+def strays(out_dir: Path, rendered: Iterable[str]) -> list[str]:
+    """Rule files in `out_dir` that a rendering (the names in `rendered`) does not produce.
+    Prometheus loads a directory's `*.rules.yml`: a file of another layout left there (the
+    single rendering's slurmedic.rules.yml on a shard, alerting SlurmedicDown) is evaluated
+    too."""
     if not out_dir.is_dir():
         return []
-    return sorted(p.name for p in out_dir.glob("*.rules.yml") if p.name not in rendered)
+    names = set(rendered)
+    return sorted(p.name for p in out_dir.glob("*.rules.yml") if p.name not in names)
+
+
+def _out_of_date(out_dir: Path, rendered: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The rendered files `out_dir` lacks or holds otherwise, and the files it holds besides."""
+    differ = [
+        name
+        for name, text in rendered.items()
+        if not (out_dir / name).exists() or (out_dir / name).read_text() != text
+    ]
+    return differ, strays(out_dir, rendered)
