@@ -57,7 +57,7 @@ from webhook.ledger.store import Ledger
 ROOT = Path(__file__).resolve().parent.parent
 EDA_VENV = ROOT / ".venv-eda"
 EDA_VERSION = "1.3.2"
-PORT_BASE = 26000  # the lab's; the services under test listen at +700..+702
+PORT_BASE = 26000  # the lab's; the services under test listen at +700..+703
 TOKEN = "peer-bench-token"  # a bench's local token, not a secret
 PLAYBOOKS = ("drain_nodes", "requeue_job")
 

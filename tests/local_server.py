@@ -94,3 +94,20 @@ def stop_server(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> Non
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(5)
+
+
+def serve_children(pid: int, *, loop: bool) -> list[int]:
+    """The processes `slurmedic serve` (`pid`) started: its loop (`loop`), or its web workers."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces, so split after its ")"
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and (b"loop" in cmdline) == loop:
+            found.append(int(entry.name))
+    return found

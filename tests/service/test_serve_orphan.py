@@ -8,22 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.local_server import start_server, stop_server
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"loop" in cmdline:
-            found.append(int(entry.name))
-    return found
+from tests.local_server import serve_children, start_server, stop_server
 
 
 def alive(pid: int) -> bool:
@@ -37,7 +22,7 @@ def alive(pid: int) -> bool:
 def test_the_loop_stops_when_its_serve_is_killed(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     try:
-        loops = children(server.proc.pid)
+        loops = serve_children(server.proc.pid, loop=True)
         assert len(loops) == 1, loops
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait(10)

@@ -13,8 +13,8 @@ from pathlib import Path
 import requests
 
 from tests.lab.conftest import eventually
-from tests.local_server import start_server, stop_server
-from tests.service.test_serve_orphan import alive, children
+from tests.local_server import serve_children, start_server, stop_server
+from tests.service.test_serve_orphan import alive
 
 
 def test_a_killed_loop_is_started_again_and_readyz_says_so_meanwhile(tmp_path: Path) -> None:
@@ -29,14 +29,14 @@ def test_a_killed_loop_is_started_again_and_readyz_says_so_meanwhile(tmp_path: P
             "leader": "replica-a",
             "leading": True,
         }
-        (loop,) = children(server.proc.pid)
+        (loop,) = serve_children(server.proc.pid, loop=True)
         os.kill(loop, signal.SIGKILL)
         eventually(lambda: not alive(loop), timeout=60, what="the loop to die")
         # The supervisor waits 1 s before it starts the loop again, and the new loop's first
         # beat comes after its imports: /readyz goes 503 unless the restart is quick enough,
         # so what is asserted is the restart, and that /readyz is 200 again after it.
         again = eventually(
-            lambda: [p for p in children(server.proc.pid) if p != loop],
+            lambda: [p for p in serve_children(server.proc.pid, loop=True) if p != loop],
             timeout=60,
             what="a new loop",
         )
@@ -55,7 +55,7 @@ def test_a_killed_loop_is_started_again_and_readyz_says_so_meanwhile(tmp_path: P
 def test_readyz_is_503_while_no_loop_runs(tmp_path: Path) -> None:
     server = start_server(tmp_path, replicas={"name": "replica-a", "lease_seconds": 2})
     try:
-        (loop,) = children(server.proc.pid)
+        (loop,) = serve_children(server.proc.pid, loop=True)
         # Stopped, not killed: the supervisor sees no exit, and nothing beats.
         os.kill(loop, signal.SIGSTOP)
         try:

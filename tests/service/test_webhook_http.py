@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.local_server import TOKEN, Server, start_server, stop_server
+from tests.local_server import TOKEN, Server, serve_children, start_server, stop_server
 from webhook.ledger.store import Ledger
 
 # Captured from Alertmanager 0.25 (shared/reference/alertmanager/), kept with the tests.
@@ -225,3 +225,21 @@ def test_the_2xx_means_it_is_in_the_ledger(tmp_path: Path) -> None:
     alerts = [a for _, _, a in Ledger(server.db).alerts_after(0)]
     assert [a.labels["alertname"] for a in alerts] == ["KillNineTest"]
     assert Ledger(server.db).notification_count() == 1
+
+
+def ledger_files_open(pid: int, db: str) -> list[str]:
+    path = db.removeprefix("sqlite:///")
+    fds = Path(f"/proc/{pid}/fd")
+    with contextlib.suppress(FileNotFoundError):  # a process that ended meanwhile
+        return [t for f in fds.iterdir() if (t := str(f.readlink())).startswith(path)]
+    return []
+
+
+def test_the_master_keeps_no_ledger_connection_for_its_workers_to_inherit(server: Server) -> None:
+    """The app is loaded once, in gunicorn's master (its workers share its pages): the ledger
+    it opened there is closed before the workers fork, and a worker that answered opened its
+    own."""
+    assert server.post(payload(node="gpu61", alertname="ForkTest")).status_code == 200
+    assert ledger_files_open(server.proc.pid, server.db) == []
+    workers = serve_children(server.proc.pid, loop=False)
+    assert any(ledger_files_open(w, server.db) for w in workers), workers

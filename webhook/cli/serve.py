@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from gunicorn.app.base import BaseApplication
@@ -22,6 +22,9 @@ from gunicorn.app.base import BaseApplication
 from webhook.cli.common import config_of, config_option, policy_of, policy_option
 from webhook.core.policy import Policy
 from webhook.service.config import REPLICA_ENV, ConfigError, ServiceConfig
+
+if TYPE_CHECKING:
+    from webhook.ledger.store import Ledger
 
 
 def _worker_exit(_server: Any, worker: Any) -> None:
@@ -46,8 +49,8 @@ def _closing_oversized(limit: int) -> Callable[[Any, Any], None]:
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
-    def __init__(self, config: ServiceConfig) -> None:
-        self.service = config
+    def __init__(self, config: ServiceConfig, ledger: Ledger) -> None:
+        self.service, self.ledger = config, ledger
         super().__init__()
 
     def load_config(self) -> None:
@@ -61,6 +64,9 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         # the user; slurmedic needs none (and two instances would fight over it).
         if "control_socket_disable" in self.cfg.settings:
             self.cfg.set("control_socket_disable", True)
+        # The app is loaded once, in the master, and the workers share its pages (the imports
+        # are most of a worker's memory). See `load` for the ledger's connections.
+        self.cfg.set("preload_app", True)
         self.cfg.set("child_exit", _worker_exit)
         self.cfg.set("pre_request", _closing_oversized(self.service.max_body_bytes))
         # Header fields up to 64 KiB reach the application, which refuses those over 8,190
@@ -70,7 +76,12 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
     def load(self) -> Any:
         from webhook.app import create_app
 
-        return create_app(self.service)
+        app = create_app(self.service, self.ledger)
+        # Loaded in the master, which serves nothing: it keeps no ledger connection for its
+        # workers to inherit (one connection used by two processes corrupts its state); each
+        # worker opens its own.
+        self.ledger.release()
+        return app
 
 
 PARENT_ENV = "SLURMEDIC_SERVE_PID"  # set for the loop `serve` starts: whose loop it is
@@ -233,7 +244,9 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
     """Run the webhook (gunicorn) and the live loop that decides."""
     config = config_of(config_path)
     try:
-        config.auth.secrets()  # fail now, with the key named, not in a worker
+        config.auth.secrets()  # fail now, with the key named, not in gunicorn's master
+        if config.console.enabled:
+            config.console.secret_key()
     except ConfigError as e:
         raise click.ClickException(str(e)) from e
     policy_of(policy_path or config.policy_file)  # a bad policy fails here, named, not later
@@ -265,7 +278,7 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
     metrics_dir = tempfile.mkdtemp(prefix="slurmedic-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        _Gunicorn(config).run()
+        _Gunicorn(config, ledger).run()  # the app's ledger: released before the fork
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         loop.stop()

@@ -155,6 +155,11 @@ class Ledger:
         # lease's current one (LostLease). None: a human's command, the webhook.
         self.term: Term | None = None
 
+    def release(self) -> None:
+        """Close every pooled connection (the next use opens a new one): a process about to
+        fork holds none for its children to inherit."""
+        self.engine.dispose()
+
     def _in_term(self, s: Session) -> None:
         """LostLease unless this ledger's term (if it has one) is current, for `s`'s
         transaction (webhook/ledger/leases.py, check_term)."""
