@@ -34,9 +34,6 @@ class Attribution:
     # Set when a shared cause covers some of the incident's nodes while hardware evidence
     # implicates others: those are still drained, and the incident goes to a human.
     shared: str = ""
-    # Nodes with hardware evidence that a shared cause covers: never drained; a successor
-    # requeued for it (shared_cause.requeue_away) is kept off them.
-    avoid: tuple[str, ...] = ()
 
 
 def names(nodes: Iterable[str]) -> str:
@@ -88,12 +85,7 @@ def shared_cause_only(f: Facts) -> Attribution | None:
     """5. A shared cause covers every node with hardware evidence: nothing is to blame on them.
     (Where it covers only some, rule 1 blames the others.)"""
     if f.covered and not f.hardware:
-        return Attribution(
-            "shared_infrastructure",
-            (),
-            f"{f.shared}; nothing is drained",
-            avoid=tuple(sorted(f.covered)),
-        )
+        return Attribution("shared_infrastructure", (), f"{f.shared}; nothing is drained")
     return None
 
 
@@ -107,9 +99,7 @@ def hardware(f: Facts) -> Attribution | None:
     others = [n for n in nodes if n != first.node]
     if others:
         reason += f"; hardware evidence on {names(others)} too"
-    return Attribution(
-        HARDWARE[first.signal], nodes, reason, shared=f.shared, avoid=tuple(sorted(f.covered))
-    )
+    return Attribution(HARDWARE[first.signal], nodes, reason, shared=f.shared)
 
 
 def silent_node(f: Facts) -> Attribution | None:

@@ -208,39 +208,21 @@ def first_failing(evidence: Iterable[Evidence]) -> Evidence | None:
     return min(named, key=lambda e: (e.starts_at, e.node or "")) if named else None
 
 
-def away(base: Decision, attr: Attribution, job: Job | None, *, enabled: bool) -> list[Decision]:
-    """shared_cause.requeue_away, for a job that has failed (`enabled`): it is requeued now,
-    off the nodes a shared cause covers and those drained apart; a person still sees to the
-    cause."""
-    if not enabled or job is None:
-        return []
-    off = tuple(sorted({*attr.nodes, *attr.avoid}))
-    why = f"{attr.reason}; job {job.id} has failed: requeued away from {names(off) or 'none'}"
-    return [replace(base, action="requeue", exclude=off, reason=why)]
-
-
-def plan(
-    base: Decision, attr: Attribution, job: Job | None, *, requeue_away: bool = False
-) -> list[Decision]:
+def plan(base: Decision, attr: Attribution, job: Job | None) -> list[Decision]:
     """DESIGN.md's table: what the cause leads to, before any guard has spoken (the guards,
-    webhook.core.guards, may change each of these). `requeue_away`: the policy's
-    shared_cause.requeue_away, for a job that has failed (`job_failed`)."""
+    webhook.core.guards, may change each of these)."""
     out: list[Decision] = []
     if attr.cause in DRAIN_CAUSES and attr.nodes:
         out.append(replace(base, action="drain", nodes=attr.nodes))
     if attr.shared:  # some nodes drained, the rest is a shared cause: a human decides the job
         why = f"{attr.shared}; {names(attr.nodes)} drained apart"
-        out += away(base, attr, job, enabled=requeue_away)
         return [*out, replace(base, action="escalate", cause="shared_infrastructure", reason=why)]
     if job is None:  # a node incident: no job to touch
         if not out and attr.cause in ("shared_infrastructure", "unknown"):
             return [replace(base, action="escalate")]
         return out
     requeue = replace(base, action="requeue", exclude=attr.nodes)
-    if attr.cause == "shared_infrastructure":
-        out += away(base, attr, job, enabled=requeue_away)
-        out.append(replace(base, action="escalate"))
-    elif attr.cause in DRAIN_CAUSES:
+    if attr.cause in DRAIN_CAUSES:
         out.append(requeue)  # away from the nodes to blame, from its checkpoint
     elif attr.cause == "application":
         # Stopped once it has failed (the job_running guard holds it back until then): a job

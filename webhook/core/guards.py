@@ -412,10 +412,7 @@ def decide(
     )
     evidence = tuple(evidence)
     ctx = Context(attr, job, evidence, view, policy, guards, now)
-    # A job is requeued away from a shared cause only once it has failed (DESIGN.md: act on
-    # failures): many nodes "down" at once may be the monitoring's fault, not theirs.
-    away = policy.shared_cause.requeue_away and job is not None and job_failed(job, evidence)
-    out = run(plan(base, attr, job, requeue_away=away), ctx)
+    out = run(plan(base, attr, job), ctx)
     # What each would disrupt, as the view says now: the trial report's measure of harm.
     measured = tuple(with_disruption(d, job, view, now) for d in out.decisions)
     return Outcome(measured, out.effects)

@@ -78,12 +78,6 @@ class SharedCause(_Strict):
     switch_min_nodes: int = Field(default=3, ge=1)
     cluster_fraction: float = Field(default=0.2, gt=0, le=1)
     cluster_min_nodes: int = Field(default=4, ge=1)
-    # A job that failed of a shared cause (it ended by a fault, a rank logged a fatal error, or
-    # its progress stalled) is requeued at once, away from the nodes the cause covers, none of
-    # them drained; the cause still goes to a person. Off: the job waits for that person too
-    # (DESIGN.md's rule 5). A job that has not failed is never requeued for a shared cause:
-    # many nodes "down" at once may be the monitoring's fault, not theirs.
-    requeue_away: bool = False
 
 
 class Verify(_Strict):
