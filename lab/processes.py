@@ -155,7 +155,7 @@ def marked_pids(cfg: LabConfig) -> Iterator[int]:
             yield int(entry.name)
 
 
-def _parent(pid: int) -> int | None:
+def parent_of(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
@@ -167,7 +167,7 @@ def descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            parent = _parent(int(entry.name))
+            parent = parent_of(int(entry.name))
             if parent is not None:
                 children.setdefault(parent, []).append(int(entry.name))
     found, todo = [], [root]
@@ -184,7 +184,7 @@ def _ancestors() -> set[int]:
     pid: int | None = os.getpid()
     while pid is not None and pid > 1:
         pids.add(pid)
-        pid = _parent(pid)
+        pid = parent_of(pid)
     return pids
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import requests
 import yaml
 
+from lab.processes import parent_of
+
 TOKEN = "s3cret-token-for-tests"  # a local test server's token, not a secret
 
 
@@ -100,14 +102,12 @@ def serve_children(pid: int, *, loop: bool) -> list[int]:
     """The processes `slurmedic serve` (`pid`) started: its loop (`loop`), or its web workers."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or parent_of(int(entry.name)) != pid:
             continue
         try:
-            stat = (entry / "stat").read_text()
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        # pid (comm) state ppid ...: comm may hold spaces, so split after its ")"
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and (b"loop" in cmdline) == loop:
+        if (b"loop" in cmdline) == loop:
             found.append(int(entry.name))
     return found

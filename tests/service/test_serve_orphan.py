@@ -8,15 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+from lab.processes import is_alive as alive
 from tests.local_server import serve_children, start_server, stop_server
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_the_loop_stops_when_its_serve_is_killed(tmp_path: Path) -> None:

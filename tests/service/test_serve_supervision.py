@@ -12,9 +12,9 @@ from pathlib import Path
 
 import requests
 
+from lab.processes import is_alive as alive
 from tests.lab.conftest import eventually
 from tests.local_server import serve_children, start_server, stop_server
-from tests.service.test_serve_orphan import alive
 
 
 def test_a_killed_loop_is_started_again_and_readyz_says_so_meanwhile(tmp_path: Path) -> None:
