@@ -20,12 +20,11 @@ def afresh(
     view: ClusterView, evidence: list[Evidence], rules: SharedCause, now: datetime
 ) -> tuple[set[str], str]:
     """Rule 5 counted from all the evidence: the reference."""
-    failing = {
-        e.node
-        for e in evidence
-        if e.node and e.signal in ("gpu_hw", "node_down", "network") and e.actionable
-        if e.starts_at >= now - rules.window
-    }
+    latest: dict[str, datetime] = {}
+    for e in evidence:
+        if e.node and e.signal in ("gpu_hw", "node_down", "network") and e.actionable:
+            latest[e.node] = max(e.starts_at, latest.get(e.node, e.starts_at))
+    failing = {n for n, start in latest.items() if start >= now - rules.window}
     shared: set[str] = set()
     why = []
     for switch, members in sorted(view.switches.items()):
@@ -36,7 +35,8 @@ def afresh(
         ):
             shared |= down
             why.append(f"{len(down)} of the {len(members)} nodes under switch {switch}")
-    jobs = {j.id for n in failing for j in view.jobs_on(n)}
+    # The jobs that held a node when it failed, whether Slurm has ended them since or not.
+    jobs = {j.id for n in failing for j in view.jobs_on(n, latest[n])}
     if (
         len(failing) >= rules.cluster_min_nodes
         and len(failing) >= rules.cluster_fraction * max(1, len(view.nodes))
@@ -59,7 +59,19 @@ def cluster(per_switch: int) -> ClusterView:
     for n in names:
         v.nodes[n] = Node(n, "train")
     for j in range(12):
-        v.set_job(Job(id=j, nodes=tuple(names[j * 4 : j * 4 + 4]), partition="train"))
+        # A third of the jobs have failed already, at different times: rule 5 counts those
+        # that held a node when it failed.
+        ended = T0 + timedelta(seconds=120 * j) if j % 3 == 0 else None
+        v.set_job(
+            Job(
+                id=j,
+                nodes=tuple(names[j * 4 : j * 4 + 4]),
+                partition="train",
+                state="NODE_FAIL" if ended else "RUNNING",
+                started=T0 - timedelta(hours=1),
+                ended=ended,
+            )
+        )
     return v
 
 
@@ -116,3 +128,34 @@ def test_forgotten_nodes_no_longer_count() -> None:
     failing.forget(T0 + timedelta(seconds=1))
     assert failing.latest == {}
     assert not failing.at(T0, view, rules).covers("n001")
+
+
+def test_jobs_slurm_has_ended_still_count_across_jobs() -> None:
+    """Slurm marks a storm's jobs NODE_FAIL before the alerts settle: the storm is still one."""
+    rules = SharedCause(cluster_min_nodes=4, cluster_fraction=0.05)
+    view = ClusterView(switches={})
+    names = [f"n{i:03d}" for i in range(16)]
+    for n in names:
+        view.nodes[n] = Node(n, "train")
+    for j in range(4):
+        view.set_job(
+            Job(
+                id=j,
+                nodes=tuple(names[j * 4 : j * 4 + 4]),
+                state="NODE_FAIL",
+                started=T0 - timedelta(hours=1),
+                ended=T0 + timedelta(seconds=30),
+            )
+        )
+    failing = FailingNodes()
+    for i, n in enumerate(("n000", "n004", "n008", "n012")):
+        failing.add(Evidence("A", "node_down", n, None, f"{i}", T0, T0))
+    verdict = failing.at(T0 + timedelta(seconds=60), view, rules)
+    assert verdict.jobs == 4 and verdict.covers("n004")
+    assert verdict.reason == "4 nodes across 4 jobs failed within 300s"
+    # Jobs that had ended before the nodes failed were not hit by it: no storm across jobs.
+    later = FailingNodes()
+    for i, n in enumerate(("n000", "n004", "n008", "n012")):
+        later.add(Evidence("A", "node_down", n, None, f"{i}", T0 + timedelta(minutes=2), T0))
+    verdict = later.at(T0 + timedelta(minutes=3), view, rules)
+    assert verdict.jobs == 0 and not verdict.covers("n004")

@@ -153,9 +153,14 @@ class SharedCauses:
 
     @property
     def jobs(self) -> int:
-        """The jobs running on the failing nodes (counted once per verdict, only when asked)."""
+        """The jobs that held the failing nodes when they failed (counted once per verdict, only
+        when asked). A job Slurm has since ended (NODE_FAIL) still counts: counting only the
+        jobs still running, a storm vanished once Slurm noticed it, and its nodes were drained."""
         if self._jobs is None:
-            self._jobs = len({j.id for n in self._failing._window for j in self._view.jobs_on(n)})
+            failing = self._failing
+            self._jobs = len(
+                {j.id for n in failing._window for j in self._view.jobs_on(n, failing.latest[n])}
+            )
         return self._jobs
 
     def covers(self, node: str) -> bool:
