@@ -7,13 +7,15 @@ import pytest
 
 from lab import manage, processes
 from lab.config import LabConfig
-from tests.lab.conftest import eventually, running_nodes, scrape
+from tests.lab.conftest import TEST_PORT_BASE, eventually, running_nodes, scrape
 
 pytestmark = pytest.mark.lab
 
 
 def test_up_up_down_leaves_nothing_running(tmp_path: Path) -> None:
-    cfg = LabConfig(run_dir=tmp_path / "lab", port_base=30000, dcgm_host_label="hostname")
+    cfg = LabConfig(
+        run_dir=tmp_path / "lab", port_base=TEST_PORT_BASE + 3000, dcgm_host_label="hostname"
+    )
     try:
         manage.up(cfg)
         daemons = {d.name: d.pid for d in manage.status(cfg)}
@@ -57,7 +59,7 @@ def test_up_up_down_leaves_nothing_running(tmp_path: Path) -> None:
 
 
 def test_a_taken_port_is_named(tmp_path: Path) -> None:
-    cfg = LabConfig(run_dir=tmp_path / "lab", port_base=31000)
+    cfg = LabConfig(run_dir=tmp_path / "lab", port_base=TEST_PORT_BASE + 4000)
     with socket.socket() as s:
         s.bind(("127.0.0.1", cfg.prometheus_port))
         s.listen()
