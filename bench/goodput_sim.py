@@ -41,6 +41,13 @@ def sized_budget(cfg: SimConfig, policy: Policy) -> int:
     return max(3, math.ceil(3 * largest * per_node_day * window_days))
 
 
+def requeue_away(policy: Policy) -> Policy:
+    """`policy` with shared_cause.requeue_away: a job that failed of a shared cause is
+    requeued off the nodes it covers at once, not left to a person."""
+    shared = policy.shared_cause.model_copy(update={"requeue_away": True})
+    return policy.model_copy(update={"shared_cause": shared})
+
+
 def show(title: str, outcomes: list[Outcome]) -> None:
     print(f"\n## {title}\n")
     print(report.as_markdown(outcomes, "").strip())
@@ -66,6 +73,15 @@ def seeds(cfg: SimConfig, asking: SimConfig, policy: Policy, waits: Delays, n: i
             policies=("slurmedic",),
         )
         rows.setdefault("slurmedic, retry_application", []).append(retried[0].ettr_cluster)
+        away = compare(
+            asking.model_copy(update={"seed": seed}),
+            policy=requeue_away(policy),
+            delays=waits,
+            policies=("slurmedic",),
+        )
+        rows.setdefault("slurmedic, retry_application, requeue_away", []).append(
+            away[0].ettr_cluster
+        )
     oracle = rows["oracle"]
     print(f"\n## ETTR (cluster) over {n} failure traces (seeds 1-{n}), the sized budget\n")
     print("| policy | mean | min | max | mean gap to the oracle |")
@@ -136,6 +152,9 @@ def main() -> None:
     )
     best = compare(asking, policy=sized, delays=waits, policies=("slurmedic", "oracle"))
     show(f"... and the jobs ask for requeues of their own crashes ({RETRY_APPLICATION})", best)
+    oracle = [o for o in best if o.policy == "oracle"]
+    away = compare(asking, policy=requeue_away(sized), delays=waits, policies=("slurmedic",))
+    show("... and shared_cause.requeue_away: true", away + oracle)
 
     if args.seeds:
         seeds(cfg, asking, sized, waits, args.seeds)

@@ -122,6 +122,7 @@ def test_the_docs_name_every_guard_the_stages_record() -> None:
         "no_requeue",
         "opted_out",
         "not_opted_in",
+        "no_room",
         "no_progress",
         "retry_budget_exhausted",
         "already_drained",

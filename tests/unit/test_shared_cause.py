@@ -18,7 +18,7 @@ SIGNALS = ("gpu_hw", "node_down", "network", "nccl_timeout", "app_error")
 
 def afresh(
     view: ClusterView, evidence: list[Evidence], rules: SharedCause, now: datetime
-) -> tuple[set[str], str]:
+) -> tuple[set[str], str, dict[str, tuple[str, ...]]]:
     """Rule 5 counted from all the evidence: the reference."""
     latest: dict[str, datetime] = {}
     for e in evidence:
@@ -27,6 +27,7 @@ def afresh(
     failing = {n for n, start in latest.items() if start >= now - rules.window}
     shared: set[str] = set()
     why = []
+    away: dict[str, set[str]] = {}
     for switch, members in sorted(view.switches.items()):
         down = failing & set(members)
         if (
@@ -35,6 +36,8 @@ def afresh(
         ):
             shared |= down
             why.append(f"{len(down)} of the {len(members)} nodes under switch {switch}")
+            for n in down:
+                away.setdefault(n, set()).update(members)
     # The jobs that held a node when it failed, whether Slurm has ended them since or not.
     jobs = {j.id for n in failing for j in view.jobs_on(n, latest[n])}
     if (
@@ -44,8 +47,10 @@ def afresh(
     ):
         shared |= failing
         why.append(f"{len(failing)} nodes across {len(jobs)} jobs")
+        away = {}  # cluster-wide: no healthy side to move to
     window = int(rules.window.total_seconds())
-    return shared, f"{' and '.join(why)} failed within {window}s" if why else ""
+    said = f"{' and '.join(why)} failed within {window}s" if why else ""
+    return shared, said, {n: tuple(sorted(a)) for n, a in away.items()}
 
 
 def cluster(per_switch: int) -> ClusterView:
@@ -84,10 +89,11 @@ def test_the_kept_count_agrees_with_counting_afresh() -> None:
         cluster_fraction=0.15,
         cluster_min_nodes=4,
     )
+    switch_rules = rules.model_copy(update={"cluster_min_nodes": 1000})
     view = cluster(per_switch=8)
     failing, evidence = FailingNodes(), []
     now = T0
-    checked = shared_seen = 0
+    checked = shared_seen = switch_only = cluster_wide = 0
     for step in range(600):
         for _ in range(rng.randrange(3)):
             e = Evidence(
@@ -106,14 +112,20 @@ def test_the_kept_count_agrees_with_counting_afresh() -> None:
         now += timedelta(seconds=rng.choice([5, 20, 60, -120] if step % 50 else [-600]))
         if step == 300:
             view = cluster(per_switch=12)  # a new topology
-        verdict = failing.at(now, view, rules)
-        shared, why = afresh(view, evidence, rules, now)
+        # Every other look, rules under which only a switch can be a shared cause.
+        ruled = rules if step % 2 else switch_rules
+        verdict = failing.at(now, view, ruled)
+        shared, why, away = afresh(view, evidence, ruled, now)
         assert {n for n in view.nodes if verdict.covers(n)} == shared, step
+        assert {n: a for n in view.nodes if (a := verdict.away(n))} == away, step
         if shared:
             assert verdict.reason == why, step
         checked += 1
         shared_seen += bool(shared)
+        switch_only += bool(away)
+        cluster_wide += bool(shared) and not away
     assert checked == 600 and shared_seen > 50  # the shared cause did come up, often
+    assert switch_only > 20 and cluster_wide > 20  # both kinds, each often
 
 
 def test_forgotten_nodes_no_longer_count() -> None:

@@ -34,6 +34,10 @@ class Attribution:
     # Set when a shared cause covers some of the incident's nodes while hardware evidence
     # implicates others: those are still drained, and the incident goes to a human.
     shared: str = ""
+    # Where a shared cause covers some of its nodes: the nodes of the failing switches, which a
+    # job requeued away from it keeps off (policy shared_cause.requeue_away). Empty when a cause
+    # is cluster-wide: there is no healthy side to move to.
+    avoid: tuple[str, ...] = ()
 
 
 def names(nodes: Iterable[str]) -> str:
@@ -54,6 +58,8 @@ class Facts:
     hardware: list[Evidence]
     covered: frozenset[str]  # nodes with hardware evidence that a shared cause covers
     shared: str  # why those are a shared cause ("" when none is covered)
+    # The failing switches' nodes, when every covered node is under one (SharedCauses.away).
+    avoid: tuple[str, ...] = ()
 
     def of(self, *signals: str) -> list[Evidence]:
         return [e for s in signals for e in self.by_signal.get(s, [])]
@@ -69,12 +75,14 @@ def facts(evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: RuleFi
             by_signal.setdefault(e.signal, []).append(e)
     hardware = [e for s in HARDWARE_ORDER for e in by_signal.get(s, []) if e.node]
     covered = frozenset(e.node for e in hardware if e.node and shared.covers(e.node))
+    away = [shared.away(n) for n in sorted(covered)]
     return Facts(
         job_nodes=frozenset(job_nodes),
         by_signal=by_signal,
         hardware=[e for e in hardware if e.node not in covered],
         covered=covered,
         shared=f"{shared.reason}: a shared cause, not bad nodes" if covered else "",
+        avoid=tuple(sorted({n for a in away for n in a})) if away and all(away) else (),
     )
 
 
@@ -85,7 +93,9 @@ def shared_cause_only(f: Facts) -> Attribution | None:
     """5. A shared cause covers every node with hardware evidence: nothing is to blame on them.
     (Where it covers only some, rule 1 blames the others.)"""
     if f.covered and not f.hardware:
-        return Attribution("shared_infrastructure", (), f"{f.shared}; nothing is drained")
+        return Attribution(
+            "shared_infrastructure", (), f"{f.shared}; nothing is drained", avoid=f.avoid
+        )
     return None
 
 
@@ -99,7 +109,7 @@ def hardware(f: Facts) -> Attribution | None:
     others = [n for n in nodes if n != first.node]
     if others:
         reason += f"; hardware evidence on {names(others)} too"
-    return Attribution(HARDWARE[first.signal], nodes, reason, shared=f.shared)
+    return Attribution(HARDWARE[first.signal], nodes, reason, shared=f.shared, avoid=f.avoid)
 
 
 def silent_node(f: Facts) -> Attribution | None:

@@ -28,6 +28,7 @@ from webhook.core.policy import Policy
 from webhook.core.signals import FAILURE_SIGNALS
 
 DRAIN_CAUSES = {"gpu_hardware", "node_failure", "network", "straggler"}
+SHARED = "shared_infrastructure"  # rule 5's cause: never drained, never stopped for
 SCHEDULER_ACTIONS = frozenset({"drain", "requeue", "stop", "resume"})  # the ones that change Slurm
 JOB_ACTIONS = frozenset({"requeue", "stop"})  # the ones that interrupt a job
 # Causes that blame nobody: a job that died of them is requeued once, then given to a human.
@@ -208,21 +209,43 @@ def first_failing(evidence: Iterable[Evidence]) -> Evidence | None:
     return min(named, key=lambda e: (e.starts_at, e.node or "")) if named else None
 
 
-def plan(base: Decision, attr: Attribution, job: Job | None) -> list[Decision]:
+def away(base: Decision, attr: Attribution, job: Job | None, *, failed: bool) -> list[Decision]:
+    """shared_cause.requeue_away, for a job that has `failed` of a switch's fault: requeued
+    now, off every node of the failing switch and off those drained apart (the guards may
+    still hold it back; they never turn it into a stop)."""
+    if not (failed and job is not None and attr.avoid):
+        return []
+    off = tuple(sorted({*attr.nodes, *attr.avoid}))
+    drained = f" and {names(attr.nodes)}, drained" if attr.nodes else ""
+    why = (
+        f"{attr.shared or attr.reason}; job {job.id} has failed: requeued off the failing "
+        f"switch ({names(attr.avoid)}){drained}; the switch is left to a person"
+    )
+    return [replace(base, action="requeue", cause=SHARED, exclude=off, reason=why)]
+
+
+def plan(
+    base: Decision, attr: Attribution, job: Job | None, *, requeue_away: bool = False
+) -> list[Decision]:
     """DESIGN.md's table: what the cause leads to, before any guard has spoken (the guards,
-    webhook.core.guards, may change each of these)."""
+    webhook.core.guards, may change each of these). `requeue_away`: the policy's
+    shared_cause.requeue_away is on and the job has failed (`job_failed`)."""
     out: list[Decision] = []
     if attr.cause in DRAIN_CAUSES and attr.nodes:
         out.append(replace(base, action="drain", nodes=attr.nodes))
     if attr.shared:  # some nodes drained, the rest is a shared cause: a human decides the job
         why = f"{attr.shared}; {names(attr.nodes)} drained apart"
-        return [*out, replace(base, action="escalate", cause="shared_infrastructure", reason=why)]
+        out += away(base, attr, job, failed=requeue_away)
+        return [*out, replace(base, action="escalate", cause=SHARED, reason=why)]
     if job is None:  # a node incident: no job to touch
-        if not out and attr.cause in ("shared_infrastructure", "unknown"):
+        if not out and attr.cause in (SHARED, "unknown"):
             return [replace(base, action="escalate")]
         return out
     requeue = replace(base, action="requeue", exclude=attr.nodes)
-    if attr.cause in DRAIN_CAUSES:
+    if attr.cause == SHARED:
+        out += away(base, attr, job, failed=requeue_away)
+        out.append(replace(base, action="escalate"))
+    elif attr.cause in DRAIN_CAUSES:
         out.append(requeue)  # away from the nodes to blame, from its checkpoint
     elif attr.cause == "application":
         # Stopped once it has failed (the job_running guard holds it back until then): a job

@@ -42,7 +42,7 @@ from datetime import datetime, timedelta
 from webhook.core.alerts import Payload
 from webhook.core.attribution import Attribution, attribute, stall_only
 from webhook.core.cluster import ClusterView, Job
-from webhook.core.decisions import SCHEDULER_ACTIONS, Decision, GuardState, PastAction
+from webhook.core.decisions import SCHEDULER_ACTIONS, SHARED, Decision, GuardState, PastAction
 from webhook.core.evidence import Evidence, from_alert
 from webhook.core.guards import decide
 from webhook.core.incidents import IncidentKey
@@ -381,7 +381,9 @@ class Engine:
             ]
         incident.check_at = None
         incident.known |= {evidence_key(e.fingerprint, e.starts_at) for e in incident.evidence}
-        incident.until_job_ends = until_job_ends(made, job)
+        incident.until_job_ends = until_job_ends(
+            made, job, shared=self.policy.shared_cause.requeue_away
+        )
         # A scheduler action in monitor or enforce mode is carried out now (monitor's dry run
         # stands for it: monitor shows what enforce does); approve waits for a human, and the
         # loop closes the incident once the action runs.
@@ -457,14 +459,18 @@ class Engine:
         return job is None or attempt is None or attempt < job.restarts - 1
 
 
-def until_job_ends(made: Iterable[Decision], job: Job | None) -> bool:
+def until_job_ends(made: Iterable[Decision], job: Job | None, *, shared: bool = False) -> bool:
     """Whether decisions were made because the job still runs (an application's symptom, an
-    unknown failure of a running job): its end, when it fails, is news."""
+    unknown failure of a running job, and with `shared` (shared_cause.requeue_away) a shared
+    cause's escalation, which a job that has failed is requeued away from): its end, when it
+    fails, is news."""
     made = list(made)
     if any(d.guard == "job_running" for d in made):
         return True
-    unknown = any(d.cause == "unknown" and d.action == "escalate" and not d.guard for d in made)
-    return unknown and (job is None or not job.has_ended)
+    waits = {"unknown", SHARED} if shared else {"unknown"}
+    escalated = any(d.cause in waits and d.action == "escalate" and not d.guard for d in made)
+    requeued = any(d.action == "requeue" for d in made)
+    return escalated and not requeued and (job is None or not job.has_ended)
 
 
 def _superseding(d: Decision, incident: Incident) -> Decision:

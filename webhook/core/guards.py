@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from webhook.core.attribution import Attribution, names
 from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
 from webhook.core.decisions import (
+    SHARED,
     BreakerOpened,
     Counted,
     Decision,
@@ -91,8 +92,12 @@ def _refuse(d: Decision, guard: str, why: str, ctx: Context) -> Outcome:
 
 
 def _give_up(d: Decision, guard: str, why: str) -> Outcome:
-    """No more restarts: the job is stopped and a human told."""
+    """No more restarts: the job is stopped and a human told. A job that failed of a shared
+    cause is not stopped for it (it is not the job's fault): it waits for the person the cause
+    is escalated to."""
     base = replace(_bare(d), guard=guard, reason=why)
+    if d.cause == SHARED:
+        return Outcome((replace(base, action="none", reason=f"{why}; it waits for a person"),))
     return Outcome((replace(base, action="stop"), replace(base, action="escalate")))
 
 
@@ -222,6 +227,30 @@ def opt_in_out(d: Decision, ctx: Context) -> Outcome:
     if ctx.policy.scope.require_opt_in and wants is not True:
         return _refuse(d, "not_opted_in", f"job {job.id} did not opt in to requeues", ctx)
     return _keep(d)
+
+
+def room(d: Decision, ctx: Context) -> Outcome:
+    """A job requeued away from a shared cause must still fit in its partition without the
+    nodes it keeps off (and those out of service): Slurm keeps the exclusion after the switch
+    is mended, so a job that cannot fit would wait for nothing. Then it waits for a person."""
+    job = ctx.job
+    if not _planned(d, "requeue") or d.cause != SHARED or job is None:
+        return _keep(d)
+    off = set(d.exclude)
+    usable = [
+        n
+        for n in ctx.view.nodes.values()
+        if job.partition in n.partitions
+        and n.name not in off
+        and not n.state.startswith(("drain", "down", "fail", "future"))
+    ]
+    if len(usable) >= len(job.nodes):
+        return _keep(d)
+    why = (
+        f"job {job.id} needs {len(job.nodes)} node(s); partition {job.partition or '-'} has "
+        f"{len(usable)} in service off the failing switch"
+    )
+    return _refuse(d, "no_room", why, ctx)
 
 
 def no_progress(d: Decision, ctx: Context) -> Outcome:
@@ -369,6 +398,7 @@ PIPELINE: tuple[tuple[str, Step], ...] = (
     ("requeue_once", each(requeue_once)),
     ("no_requeue", each(no_requeue)),
     ("opt_in_out", each(opt_in_out)),
+    ("room", each(room)),
     ("no_progress", each(no_progress)),
     ("retry_budget", each(retry_budget)),
     ("already_drained", each(already_drained)),
@@ -412,7 +442,10 @@ def decide(
     )
     evidence = tuple(evidence)
     ctx = Context(attr, job, evidence, view, policy, guards, now)
-    out = run(plan(base, attr, job), ctx)
+    # A job is requeued away from a shared cause only once it has failed (DESIGN.md: act on
+    # failures): many nodes "down" at once may be the monitoring's fault, not theirs.
+    away = policy.shared_cause.requeue_away and job is not None and job_failed(job, evidence)
+    out = run(plan(base, attr, job, requeue_away=away), ctx)
     # What each would disrupt, as the view says now: the trial report's measure of harm.
     measured = tuple(with_disruption(d, job, view, now) for d in out.decisions)
     return Outcome(measured, out.effects)

@@ -78,6 +78,14 @@ class SharedCause(_Strict):
     switch_min_nodes: int = Field(default=3, ge=1)
     cluster_fraction: float = Field(default=0.2, gt=0, le=1)
     cluster_min_nodes: int = Field(default=4, ge=1)
+    # A job that has failed of a switch's fault (it ended by a fault, a rank logged a fatal
+    # error, or its progress stalled) is requeued at once, off every node of the failing
+    # switch, none of them drained; the switch still goes to a person. Off: the job waits for
+    # that person too (DESIGN.md's rule 5). Never for a job that still runs (many nodes "down"
+    # at once may be the monitoring's fault), for a cluster-wide cause (there is no healthy
+    # side), past the job's retry budget (then it waits: a job is never stopped for a shared
+    # cause), or when its partition has too few other nodes to run it.
+    requeue_away: bool = False
 
 
 class Verify(_Strict):

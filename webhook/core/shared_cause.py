@@ -171,6 +171,17 @@ class SharedCauses:
             self.cluster_wide
         )
 
+    def away(self, node: str) -> tuple[str, ...]:
+        """Where a job that failed of the shared cause on `node` is to keep off: every node of
+        the failing switches `node` is under, those that have not alerted yet too (a switch
+        that failed most of its nodes may fail the rest). Nothing for a cluster-wide cause:
+        there is no healthy side to move to (power, the fabric's core, storage)."""
+        if not self.covers(node) or self.cluster_wide:
+            return ()
+        failing = self._failing
+        switches = [s for s in failing._switches_of.get(node, ()) if s in failing._qualifying]
+        return tuple(sorted({n for s in switches for n in self._view.switches.get(s, ())}))
+
     @property
     def reason(self) -> str:
         if self._reason is None:
@@ -191,13 +202,15 @@ class RuleFive(Protocol):
 
     def covers(self, node: str) -> bool: ...
 
+    def away(self, node: str) -> tuple[str, ...]: ...
+
     @property
     def reason(self) -> str: ...
 
 
-# Per node of an incident: the start of its latest hardware evidence that rule 5 covered, and
-# rule 5's words then.
-Judgement = dict[str, tuple[datetime, str]]
+# Per node of an incident: the start of its latest hardware evidence that rule 5 covered, rule
+# 5's words then, and where a job was to keep off (SharedCauses.away).
+Judgement = dict[str, tuple[datetime, str, tuple[str, ...]]]
 
 
 class Judged:
@@ -220,7 +233,7 @@ class Judged:
         latest = self._latest.get(node)
         if self._live.covers(node):
             if latest is not None:
-                self.now[node] = (latest, self._live.reason)
+                self.now[node] = (latest, self._live.reason, self._live.away(node))
             return True
         seen = self._before.get(node)
         if seen is None or (latest is not None and latest > seen[0]):
@@ -228,9 +241,16 @@ class Judged:
         self.now[node] = seen
         return True
 
+    def away(self, node: str) -> tuple[str, ...]:
+        """As the verdict that covered `node` said (the live one, or the one kept)."""
+        if self._live.covers(node):
+            return self._live.away(node)
+        seen = self.now.get(node) or self._before.get(node)
+        return seen[2] if seen is not None else ()
+
     @property
     def reason(self) -> str:
         said = self._live.reason
         if said:
             return said
-        return "; ".join(sorted({why for _, why in self._before.values()}))
+        return "; ".join(sorted({why for _, why, _ in self._before.values()}))
