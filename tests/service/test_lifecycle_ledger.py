@@ -113,28 +113,6 @@ def test_a_revision_supersedes_what_waits_and_keeps_what_ran(tmp_path: Path) -> 
     ]
 
 
-def test_an_escalation_carried_out_is_not_told_again_by_a_revision(tmp_path: Path) -> None:
-    """A switch's escalation went out (enforce: executed, its notice open); the job then fails
-    and a revision requeues it away and escalates the same cause again: people are not told
-    twice. An escalation of another cause is news, and is recorded."""
-    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
-    shared = "shared_infrastructure"
-    (first,) = ledger.record([decision("escalate", "pending", cause=shared)])
-    ledger.add_event(first, "executed", {"by": "executor"}, T)
-    later = T + timedelta(minutes=10)
-    new = ledger.record(
-        [
-            decision("requeue", "pending", cause=shared, exclude=("gpu01",), at=later, revision=1),
-            decision("escalate", "pending", cause=shared, at=later, revision=1),
-        ]
-    )
-    assert [(r.action, r.state) for r in ledger.rows(new)] == [("requeue", "pending")]
-    escalations = [r for r in ledger.incident_decisions("3102.0") if r.action == "escalate"]
-    assert [(r.id, r.state) for r in escalations] == [(first, "executed")]
-    other = ledger.record([decision("escalate", "pending", cause="unknown", at=later, revision=2)])
-    assert [(r.action, r.cause) for r in ledger.rows(other)] == [("escalate", "unknown")]
-
-
 def test_a_decision_superseded_meanwhile_is_not_claimed(tmp_path: Path) -> None:
     """The executor read it as approved; the loop superseded it before the executor's claim."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")

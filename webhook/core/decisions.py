@@ -180,6 +180,15 @@ class GuardState:
         self.history, self.breaker_open = trial.history, trial.breaker_open
         self._index = trial._index
 
+    def excluded(self, job: int) -> set[str]:
+        """The nodes the job's earlier requeues excluded: Slurm keeps them for every attempt."""
+        return {
+            n
+            for h in self._index.of_job(self.history, job)
+            if h.action == "requeue"
+            for n in h.exclude
+        }
+
     def blameless_requeue(self, job: int, since: datetime) -> PastAction | None:
         """The job's last requeue for a failure nobody could be blamed for, if any."""
         found = [

@@ -41,6 +41,7 @@ from webhook.core.decisions import (
 from webhook.core.disruption import with_disruption
 from webhook.core.evidence import Evidence
 from webhook.core.policy import Policy
+from webhook.core.signals import FAILURE_SIGNALS, HARDWARE
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,23 @@ def opt_in_out(d: Decision, ctx: Context) -> Outcome:
     return _keep(d)
 
 
+def died_of_the_storm(
+    job: Job, evidence: Sequence[Evidence], attr: Attribution, policy: Policy, now: datetime
+) -> bool:
+    """Whether the job failed within `shared_cause.requeue_away_within` of the last failure
+    on the switch it would be moved off (when it ended, else its first fatal error or stall)."""
+    storm = [e.starts_at for e in evidence if e.node in attr.avoid and e.signal in HARDWARE]
+    if not storm:
+        return False
+    fatal = [e.starts_at for e in evidence if e.signal in FAILURE_SIGNALS and e.actionable]
+    failed_at = job.ended if job.failed and job.ended else min(fatal, default=now)
+    return failed_at - max(storm) <= policy.shared_cause.requeue_away_within
+
+
+# Slurm's base states of a node that can run a job (SlurmNode.state; replay's `alloc`).
+IN_SERVICE = frozenset({"idle", "alloc", "allocated", "mixed"})
+
+
 def room(d: Decision, ctx: Context) -> Outcome:
     """A job requeued away from a shared cause must still fit in its partition without the
     nodes it keeps off (and those out of service): Slurm keeps the exclusion after the switch
@@ -236,13 +254,15 @@ def room(d: Decision, ctx: Context) -> Outcome:
     job = ctx.job
     if not _planned(d, "requeue") or d.cause != SHARED or job is None:
         return _keep(d)
-    off = set(d.exclude)
+    # Slurm adds to a job's exclusion (playbooks/requeue_job.yml): the earlier ones hold too.
+    off = set(d.exclude) | ctx.guards.excluded(job.id)
     usable = [
         n
         for n in ctx.view.nodes.values()
-        if job.partition in n.partitions
+        if (not job.partition or job.partition in n.partitions)
         and n.name not in off
-        and not n.state.startswith(("drain", "down", "fail", "future"))
+        and n.state in IN_SERVICE
+        and not n.status.endswith("*")  # not responding
     ]
     if len(usable) >= len(job.nodes):
         return _keep(d)
@@ -444,7 +464,12 @@ def decide(
     ctx = Context(attr, job, evidence, view, policy, guards, now)
     # A job is requeued away from a shared cause only once it has failed (DESIGN.md: act on
     # failures): many nodes "down" at once may be the monitoring's fault, not theirs.
-    away = policy.shared_cause.requeue_away and job is not None and job_failed(job, evidence)
+    away = (
+        policy.shared_cause.requeue_away
+        and job is not None
+        and job_failed(job, evidence)
+        and died_of_the_storm(job, evidence, attr, policy, now)
+    )
     out = run(plan(base, attr, job, requeue_away=away), ctx)
     # What each would disrupt, as the view says now: the trial report's measure of harm.
     measured = tuple(with_disruption(d, job, view, now) for d in out.decisions)

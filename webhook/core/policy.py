@@ -86,6 +86,10 @@ class SharedCause(_Strict):
     # side), past the job's retry budget (then it waits: a job is never stopped for a shared
     # cause), or when its partition has too few other nodes to run it.
     requeue_away: bool = False
+    # A job that fails within this long of the storm's last failure died of it (its ranks wait
+    # out PyTorch's 10-minute NCCL timeout, then the job ends); one that fails later failed of
+    # something else, and is not moved off a switch mended since.
+    requeue_away_within: Duration = timedelta(minutes=20)
 
 
 class Verify(_Strict):

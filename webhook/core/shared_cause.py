@@ -182,6 +182,19 @@ class SharedCauses:
         switches = [s for s in failing._switches_of.get(node, ()) if s in failing._qualifying]
         return tuple(sorted({n for s in switches for n in self._view.switches.get(s, ())}))
 
+    def wide_around(self, at: datetime) -> bool:
+        """Whether the failures within a window of `at`, either side, were many nodes across
+        jobs (a cluster-wide cause), as the latest failure of each node tells: for a verdict
+        kept from before a storm grew (it covered one switch when the incident was decided)."""
+        failing, rules = self._failing, self._rules
+        near = [n for n, start in failing.latest.items() if abs(start - at) <= rules.window]
+        if len(near) < rules.cluster_min_nodes or len(near) < rules.cluster_fraction * max(
+            1, len(self._view.nodes)
+        ):
+            return False
+        jobs = {j.id for n in near for j in self._view.jobs_on(n, failing.latest[n])}
+        return len(jobs) >= 2
+
     @property
     def reason(self) -> str:
         if self._reason is None:
@@ -246,7 +259,9 @@ class Judged:
         if self._live.covers(node):
             return self._live.away(node)
         seen = self.now.get(node) or self._before.get(node)
-        return seen[2] if seen is not None else ()
+        if seen is None or self._live.wide_around(seen[0]):
+            return ()  # the storm grew past its switch after the incident was decided
+        return seen[2]
 
     @property
     def reason(self) -> str:

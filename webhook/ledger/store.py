@@ -277,9 +277,9 @@ class Ledger:
         """Decisions, their first state and the incidents they decide, in one transaction.
 
         A revision (`Decision.revision` > 0) supersedes its incident's decisions that were not
-        carried out yet; where a drain, requeue, stop or escalation was (it ran, or runs), the
-        revision's same decision is not recorded again: the action happened (people were
-        told), and later evidence does not undo it.
+        carried out yet; where a drain, requeue or stop was (it ran, or runs), the revision's
+        same decision is not recorded again: the action happened, and later evidence does not
+        undo it.
 
         A second decision of the same incident, action and revision is refused (LostLease: a
         replica that still thought it led decided what the leader had)."""
@@ -348,10 +348,8 @@ class Ledger:
                 )
                 continue
             s.refresh(row)
-            # An escalation carried out has told people already: the revision's same one
-            # would tell them twice (one storm, two notices open).
-            if row.action in (*SCHEDULER_ACTIONS, "escalate") and row.state in CARRIED_OUT:
-                done.add(_what(row))
+            if row.action in SCHEDULER_ACTIONS and row.state in CARRIED_OUT:
+                done.add((row.action, tuple(row.nodes), tuple(row.exclude)))
         return done
 
     def carried_out(self, incidents: Sequence[str]) -> set[str]:
@@ -825,11 +823,8 @@ def _move(
     return bool(cast(CursorResult[Any], done).rowcount)
 
 
-def _what(d: Decision | DecisionRow) -> tuple[object, ...]:
-    """What a decision does, to tell a revision's from one carried out; an escalation by its
-    cause too (a different cause is news for the person told)."""
-    cause = d.cause if d.action == "escalate" else ""
-    return (d.action, cause, tuple(sorted(d.nodes)), tuple(sorted(d.exclude)))
+def _what(d: Decision) -> tuple[object, ...]:
+    return (d.action, tuple(sorted(d.nodes)), tuple(sorted(d.exclude)))
 
 
 def _decision(r: DecisionRow) -> Decision:
