@@ -40,8 +40,29 @@ echo "== pytest"
 # The whole suite on the first stack; the lab tests (real Slurm, Prometheus, Alertmanager,
 # mtail) and the mtail program's tests (the lab's lines and the corpus of real ones) on the others.
 SLURMEDIC_LAB_STACK="${STACKS[0]}" pytest
+# The other stacks at once: their lab tests mostly wait on Slurm's and Prometheus' intervals.
+# Each has its own ports (SLURMEDIC_TEST_PORT_BASE, 6000 apart: a run's labs use base..+5000)
+# and its own temporary directory; each one's output is printed when it is done.
+logs="$(mktemp -d)"
+pids=()
+i=0
 for stack in "${STACKS[@]:1}"; do
-  echo "== pytest: lab tests and the mtail program on the $stack stack"
-  SLURMEDIC_LAB_STACK="$stack" pytest -m lab
-  SLURMEDIC_LAB_STACK="$stack" pytest tests/unit/test_mtail_program.py tests/unit/test_joblog_corpus.py
+  i=$((i + 1))
+  (
+    export SLURMEDIC_LAB_STACK="$stack" SLURMEDIC_TEST_PORT_BASE=$((27000 - 6000 * i))
+    echo "== pytest: lab tests and the mtail program on the $stack stack"
+    pytest -p no:cacheprovider --basetemp="$logs/$stack" -m lab &&
+      pytest -p no:cacheprovider --basetemp="$logs/$stack-mtail" \
+        tests/unit/test_mtail_program.py tests/unit/test_joblog_corpus.py
+  ) >"$logs/$stack.log" 2>&1 &
+  pids+=($!)
 done
+failed=0
+i=0
+for stack in "${STACKS[@]:1}"; do
+  wait "${pids[$i]}" || failed=1
+  cat "$logs/$stack.log"
+  i=$((i + 1))
+done
+rm -rf "$logs"
+exit $failed
