@@ -258,3 +258,77 @@ def idle_node_fault(tmp_path: Path) -> tuple[Ledger, Policy, Clock, LiveLoop]:
     clock.now = T0 + timedelta(seconds=2)
     deliver(ledger, clock.now, xid79("gpu07", T0))
     return ledger, policy, clock, loop(ledger, policy, clock)
+
+
+def leaves(job_state: dict[int, str]) -> ClusterView:
+    """gpu01-08 under leaf1 and leaf2, job 42 on all of them (its state as `job_state` says),
+    and gpu09-16 under leaf3 and leaf4 to move to."""
+    v = ClusterView(
+        switches={
+            f"leaf{i}": tuple(f"gpu{n:02d}" for n in range(4 * i - 3, 4 * i + 1))
+            for i in range(1, 5)
+        }
+    )
+    for n in range(1, 17):
+        v.nodes[f"gpu{n:02d}"] = Node(f"gpu{n:02d}", "train", switch=f"leaf{(n + 3) // 4}")
+    state = job_state.get(42, "RUNNING")
+    v.set_job(
+        Job(
+            id=42,
+            nodes=tuple(f"gpu{n:02d}" for n in range(1, 9)),
+            partition="train",
+            state=state,
+            started=T0 - timedelta(hours=2),
+            ended=T0 + timedelta(minutes=9) if state != "RUNNING" else None,
+        )
+    )
+    return v
+
+
+def port_down(node: str, starts: datetime) -> dict[str, Any]:
+    labels = {"alertname": "NodeInfinibandPortDown", "signal": "network", "node": node}
+    return {"startsAt": starts.isoformat(), "labels": labels}
+
+
+@pytest.mark.parametrize("requeue_away", [False, True])
+def test_rule_five_s_judgement_outlives_a_restart(tmp_path: Path, requeue_away: bool) -> None:
+    """A leaf switch's storm is escalated; serve restarts; past rule 5's window the job fails.
+    The storm's nodes are not blamed after the restart (the judgement is kept in the ledger);
+    with requeue_away the job is moved off the switch, as it would have been without it."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": requeue_away}})
+    clock, jobs = Clock(), {42: "RUNNING"}
+    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+    clock.now = T0 + timedelta(seconds=20)
+    deliver(ledger, clock.now, *(port_down(n, T0) for n in ("gpu01", "gpu02", "gpu03")))
+    live.step()
+    clock.now += timedelta(seconds=10)
+    first = live.step()
+    assert [(d.action, d.cause) for d in first] == [("escalate", "shared_infrastructure")]
+    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+    clock.now = T0 + timedelta(minutes=9, seconds=30)  # past the 5-minute window
+    jobs[42] = "FAILED"
+    deliver(
+        ledger,
+        clock.now,
+        {
+            "startsAt": (T0 + timedelta(minutes=9)).isoformat(),
+            "labels": {
+                "alertname": "TrainingTaskFailed",
+                "signal": "app_error",
+                "node": "gpu05",
+                "slurm_job_id": "42",
+            },
+        },
+    )
+    live.step()
+    clock.now += timedelta(seconds=10)
+    live.step()
+    made = [
+        (r.action, r.cause, tuple(r.exclude)) for r in ledger.decisions() if r.state != "superseded"
+    ]
+    assert not [r for r in ledger.decisions() if r.action == "drain"], made
+    if requeue_away:
+        assert ("requeue", "shared_infrastructure", ("gpu01", "gpu02", "gpu03", "gpu04")) in made
+    else:
+        assert made == [("escalate", "shared_infrastructure", ())]

@@ -138,6 +138,12 @@ class Engine:
         forgotten at the next tick, as they would have been without the restart."""
         for inc in incidents:
             inc.decided = True
+            # Whether its job's end is news also depends on this engine's policy (the ledger
+            # knows none): a switch's escalation watches its job with requeue_away.
+            if not inc.closed and not inc.until_job_ends:
+                inc.until_job_ends = until_job_ends(
+                    inc.standing, None, shared=self.policy.shared_cause.requeue_away
+                )
             self.incidents[inc.key] = inc
             for key in inc.known:
                 self.decided_on.setdefault(key, inc.key)

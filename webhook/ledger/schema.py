@@ -67,6 +67,10 @@ class IncidentRow(Base):
     opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     decided_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     evidence: Mapped[list[Any]]
+    # What rule 5 said of its evidence (webhook.core.shared_cause.Judgement): a revision after
+    # a restart, past the storm's window, must not blame the nodes it spared. None: written
+    # before 0006, or nothing covered.
+    shared: Mapped[dict[str, Any] | None]
 
 
 class DecisionRow(Base):

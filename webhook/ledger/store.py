@@ -37,6 +37,7 @@ from webhook.core.lifecycle import (
     check,
 )
 from webhook.core.recovery import FailurePoint, Verdict, Watch
+from webhook.core.shared_cause import Judgement
 from webhook.core.validation import describe
 from webhook.ledger import migrate
 from webhook.ledger.figures import (
@@ -313,6 +314,7 @@ class Ledger:
                             default=inc.decided_at or inc.opened_at,
                         ),
                         evidence=[e.record() for e in inc.evidence],
+                        shared=_judgement_json(inc.shared) or None,
                     )
                 )
             ids = _insert_decisions(s, decisions, detail or {"by": "engine"})
@@ -582,6 +584,7 @@ class Ledger:
                     known=known,
                     closed=carried or not ours or decided_at < since,
                     until_job_ends=until_job_ends(standing_now, None),
+                    shared=_judgement(row.shared) if row else {},
                 )
             )
         return sorted(out, key=lambda inc: inc.key)
@@ -821,6 +824,23 @@ def _move(
         .execution_options(synchronize_session=False)
     )
     return bool(cast(CursorResult[Any], done).rowcount)
+
+
+def _judgement_json(judged: Judgement) -> dict[str, Any]:
+    return {
+        node: [start.astimezone(UTC).isoformat(), why, list(away)]
+        for node, (start, why, away) in judged.items()
+    }
+
+
+def _judgement(raw: Any) -> Judgement:
+    """A kept judgement as written by _judgement_json; what cannot be read is left out."""
+    out: Judgement = {}
+    for node, entry in (raw or {}).items() if isinstance(raw, dict) else ():
+        with contextlib.suppress(TypeError, ValueError):
+            start, why, away = entry
+            out[str(node)] = (_utc(datetime.fromisoformat(start)), str(why), tuple(map(str, away)))
+    return out
 
 
 def _what(d: Decision) -> tuple[object, ...]:
