@@ -332,3 +332,57 @@ def test_rule_five_s_judgement_outlives_a_restart(tmp_path: Path, requeue_away: 
         assert ("requeue", "shared_infrastructure", ("gpu01", "gpu02", "gpu03", "gpu04")) in made
     else:
         assert made == [("escalate", "shared_infrastructure", ())]
+
+
+def storm_escalated(ledger: Ledger, policy: Policy, clock: Clock, jobs: dict[int, str]) -> LiveLoop:
+    """leaf1's storm (gpu01-03) hits job 42 at T0; the loop escalates it."""
+    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+    clock.now = T0 + timedelta(seconds=20)
+    deliver(ledger, clock.now, *(port_down(n, T0) for n in ("gpu01", "gpu02", "gpu03")))
+    live.step()
+    clock.now += timedelta(seconds=10)
+    assert [(d.action, d.cause) for d in live.step()] == [("escalate", "shared_infrastructure")]
+    return live
+
+
+def steps(live: LiveLoop, clock: Clock, n: int = 4) -> list:
+    made = []
+    for _ in range(n):
+        made += live.step()
+        clock.now += timedelta(seconds=5)
+    return made
+
+
+@pytest.mark.parametrize("requeue_away", [False, True])
+def test_a_revision_that_changes_nothing_still_keeps_its_judgement(
+    tmp_path: Path, requeue_away: bool
+) -> None:
+    """gpu04 follows the storm a minute later: rule 5 covers it, the decisions stay. The
+    ledger keeps that judgement too: after a restart past the window, gpu04 is not blamed."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": requeue_away}})
+    clock, jobs = Clock(), {42: "RUNNING"}
+    storm_escalated(ledger, policy, clock, jobs)
+    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+    clock.now = T0 + timedelta(seconds=70)
+    deliver(ledger, clock.now, port_down("gpu04", T0 + timedelta(seconds=60)))
+    assert steps(live, clock) == []
+    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+    clock.now = T0 + timedelta(minutes=9, seconds=30)
+    assert steps(live, clock) == []
+
+
+def test_a_storm_restored_without_its_alerts_is_not_decided_again(tmp_path: Path) -> None:
+    """serve restarts more than an hour after the storm (its alerts are not fed again); the
+    job then fails: the incident has nothing to be judged on again, and its escalation stands
+    (decided from no evidence, it was a requeue of an 'unknown' failure)."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": True}})
+    clock, jobs = Clock(), {42: "RUNNING"}
+    storm_escalated(ledger, policy, clock, jobs)
+    clock.now = T0 + timedelta(minutes=70)
+    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+    live.step()
+    clock.now = T0 + timedelta(hours=2)
+    jobs[42] = "FAILED"
+    assert steps(live, clock) == []

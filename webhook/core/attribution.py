@@ -38,6 +38,8 @@ class Attribution:
     # job requeued away from it keeps off (policy shared_cause.requeue_away). Empty when a cause
     # is cluster-wide: there is no healthy side to move to.
     avoid: tuple[str, ...] = ()
+    # The latest start of the hardware evidence a shared cause covers: when the storm was.
+    storm_at: datetime | None = None
 
 
 def names(nodes: Iterable[str]) -> str:
@@ -60,6 +62,7 @@ class Facts:
     shared: str  # why those are a shared cause ("" when none is covered)
     # The failing switches' nodes, when every covered node is under one (SharedCauses.away).
     avoid: tuple[str, ...] = ()
+    storm_at: datetime | None = None  # the latest start of the covered evidence
 
     def of(self, *signals: str) -> list[Evidence]:
         return [e for s in signals for e in self.by_signal.get(s, [])]
@@ -83,6 +86,7 @@ def facts(evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: RuleFi
         covered=covered,
         shared=f"{shared.reason}: a shared cause, not bad nodes" if covered else "",
         avoid=tuple(sorted({n for a in away for n in a})) if away and all(away) else (),
+        storm_at=max((e.starts_at for e in hardware if e.node in covered), default=None),
     )
 
 
@@ -94,7 +98,11 @@ def shared_cause_only(f: Facts) -> Attribution | None:
     (Where it covers only some, rule 1 blames the others.)"""
     if f.covered and not f.hardware:
         return Attribution(
-            "shared_infrastructure", (), f"{f.shared}; nothing is drained", avoid=f.avoid
+            "shared_infrastructure",
+            (),
+            f"{f.shared}; nothing is drained",
+            avoid=f.avoid,
+            storm_at=f.storm_at,
         )
     return None
 
@@ -109,7 +117,14 @@ def hardware(f: Facts) -> Attribution | None:
     others = [n for n in nodes if n != first.node]
     if others:
         reason += f"; hardware evidence on {names(others)} too"
-    return Attribution(HARDWARE[first.signal], nodes, reason, shared=f.shared, avoid=f.avoid)
+    return Attribution(
+        HARDWARE[first.signal],
+        nodes,
+        reason,
+        shared=f.shared,
+        avoid=f.avoid,
+        storm_at=f.storm_at,
+    )
 
 
 def silent_node(f: Facts) -> Attribution | None:

@@ -123,6 +123,9 @@ class Engine:
     _on_job: dict[int, set[str]] = field(default_factory=dict, init=False, repr=False)
     _swept_at: datetime | None = field(default=None, init=False, repr=False)
     _attempt_keys: dict[tuple[int, int], str] = field(default_factory=dict, init=False, repr=False)
+    # Decided incidents looked at again whose decisions stayed, but whose evidence or rule 5's
+    # judgement of it changed: the ledger must keep those too (take_rejudged).
+    _rejudged: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for inc in self.incidents.values():
@@ -140,7 +143,11 @@ class Engine:
             inc.decided = True
             # Whether its job's end is news also depends on this engine's policy (the ledger
             # knows none): a switch's escalation watches its job with requeue_away.
-            if not inc.closed and not inc.until_job_ends:
+            job = self.view.jobs.get(inc.job) if inc.job is not None else None
+            # Not a job that had ended when the incident was decided: its end is no news.
+            ended = job.ended if job is not None and job.has_ended else None
+            seen_end = ended is not None and inc.decided_at is not None and ended <= inc.decided_at
+            if not inc.closed and not inc.until_job_ends and not seen_end:
                 inc.until_job_ends = until_job_ends(
                     inc.standing, None, shared=self.policy.shared_cause.requeue_away
                 )
@@ -342,15 +349,32 @@ class Engine:
             self._indexed(incident)
         return decisions
 
+    def take_rejudged(self) -> list[Incident]:
+        """The incidents re-decided to the same decisions whose evidence or judgement changed
+        since the last call: for the ledger to keep (a restart restores them from it)."""
+        keys, self._rejudged = self._rejudged, set()
+        return [self.incidents[k] for k in sorted(keys) if k in self.incidents]
+
     def _decide(self, incident: Incident, shared: SharedCauses, now: datetime) -> list[Decision]:
         job = self.view.jobs.get(incident.job) if incident.job is not None else None
+        if incident.decided and not incident.evidence and incident.shared:
+            # A storm's incident restored without its evidence (older than what a restart
+            # feeds again): nothing to judge it on again; its decisions stand.
+            incident.check_at = None
+            return []
+        kept = (dict(incident.shared), len(incident.known))
         job_nodes = job.nodes if job else ((incident.node,) if incident.node else ())
         # A revision is tried on a copy of the guards without this incident's own actions: it
         # replaces them, and changes nothing when it decides the same. The guards only say what
         # their decisions change in that memory (effects); it is changed here.
         trial = self.guards.without(incident.key) if incident.decided else self.guards
         try:
-            judged = Judged(shared, incident.shared, incident.evidence)
+            judged = Judged(
+                shared,
+                incident.shared,
+                incident.evidence,
+                check_growth=self.policy.shared_cause.requeue_away,
+            )
             attr = attribute(incident.evidence, job_nodes, judged)
             incident.shared = judged.now
             wait_until = incident.opened_at + self.policy.hang_wait
@@ -398,6 +422,8 @@ class Engine:
         if incident.decided:
             # Nothing to decide any more (Slurm forgot the job) is no reason to undo anything.
             if not made or signature(made) == signature(incident.standing):
+                if (incident.shared, len(incident.known)) != kept:
+                    self._rejudged.add(incident.key)
                 return []
             self.guards.adopt(trial)
             incident.revision += 1

@@ -41,7 +41,7 @@ from webhook.core.decisions import (
 from webhook.core.disruption import with_disruption
 from webhook.core.evidence import Evidence
 from webhook.core.policy import Policy
-from webhook.core.signals import FAILURE_SIGNALS, HARDWARE
+from webhook.core.signals import FAILURE_SIGNALS
 
 
 @dataclass(frozen=True)
@@ -235,12 +235,11 @@ def died_of_the_storm(
 ) -> bool:
     """Whether the job failed within `shared_cause.requeue_away_within` of the last failure
     on the switch it would be moved off (when it ended, else its first fatal error or stall)."""
-    storm = [e.starts_at for e in evidence if e.node in attr.avoid and e.signal in HARDWARE]
-    if not storm:
+    if attr.storm_at is None:
         return False
     fatal = [e.starts_at for e in evidence if e.signal in FAILURE_SIGNALS and e.actionable]
     failed_at = job.ended if job.failed and job.ended else min(fatal, default=now)
-    return failed_at - max(storm) <= policy.shared_cause.requeue_away_within
+    return failed_at - attr.storm_at <= policy.shared_cause.requeue_away_within
 
 
 # Slurm's base states of a node that can run a job (SlurmNode.state; replay's `alloc`).
@@ -262,7 +261,9 @@ def room(d: Decision, ctx: Context) -> Outcome:
         if (not job.partition or job.partition in n.partitions)
         and n.name not in off
         and n.state in IN_SERVICE
-        and not n.status.endswith("*")  # not responding
+        # Not responding, or not taking jobs (maintenance, a reservation, an invalid one).
+        and not n.status.endswith("*")
+        and not n.status.startswith(("maint", "reserved", "inval"))
     ]
     if len(usable) >= len(job.nodes):
         return _keep(d)

@@ -182,18 +182,28 @@ class SharedCauses:
         switches = [s for s in failing._switches_of.get(node, ()) if s in failing._qualifying]
         return tuple(sorted({n for s in switches for n in self._view.switches.get(s, ())}))
 
-    def wide_around(self, at: datetime) -> bool:
-        """Whether the failures within a window of `at`, either side, were many nodes across
-        jobs (a cluster-wide cause), as the latest failure of each node tells: for a verdict
-        kept from before a storm grew (it covered one switch when the incident was decided)."""
+    def grew_wide(self, at: datetime) -> bool:
+        """Whether, within a window after `at`, the failures of some window's span were many
+        nodes across jobs (a cluster-wide cause): for a verdict kept from `at`, when the storm
+        covered one switch, and checked after rule 5's window moved past it. Counted from the
+        latest failure of each node, over the spans that end at or after `at` (those that end
+        before were the kept verdict's own)."""
         failing, rules = self._failing, self._rules
-        near = [n for n, start in failing.latest.items() if abs(start - at) <= rules.window]
-        if len(near) < rules.cluster_min_nodes or len(near) < rules.cluster_fraction * max(
-            1, len(self._view.nodes)
-        ):
-            return False
-        jobs = {j.id for n in near for j in self._view.jobs_on(n, failing.latest[n])}
-        return len(jobs) >= 2
+        span = rules.window
+        near = sorted(
+            (start, n) for n, start in failing.latest.items() if at - span <= start <= at + span
+        )
+        need = max(rules.cluster_min_nodes, rules.cluster_fraction * max(1, len(self._view.nodes)))
+        first = 0
+        for last, (end, _) in enumerate(near):
+            while near[first][0] < end - span:
+                first += 1
+            inside = near[first : last + 1]
+            if end >= at and len(inside) >= need:
+                jobs = {j.id for start, n in inside for j in self._view.jobs_on(n, start)}
+                if len(jobs) >= 2:
+                    return True
+        return False
 
     @property
     def reason(self) -> str:
@@ -234,8 +244,18 @@ class Judged:
     minutes later, into draining the whole leaf). A node's newer hardware evidence is judged
     afresh."""
 
-    def __init__(self, live: SharedCauses, before: Judgement, evidence: Iterable[Evidence]):
-        self._live, self._before = live, before
+    def __init__(
+        self,
+        live: SharedCauses,
+        before: Judgement,
+        evidence: Iterable[Evidence],
+        *,
+        check_growth: bool = False,
+    ):
+        # check_growth: whether a kept switch verdict is checked for a storm that grew
+        # cluster-wide since (only shared_cause.requeue_away reads `away`).
+        self._live, self._before, self._check_growth = live, before, check_growth
+        self._grew: dict[datetime, bool] = {}
         self._latest: dict[str, datetime] = {}
         for e in evidence:
             if e.node and e.signal in HARDWARE and e.actionable:
@@ -259,8 +279,13 @@ class Judged:
         if self._live.covers(node):
             return self._live.away(node)
         seen = self.now.get(node) or self._before.get(node)
-        if seen is None or self._live.wide_around(seen[0]):
-            return ()  # the storm grew past its switch after the incident was decided
+        if seen is None or not seen[2]:
+            return ()
+        if self._check_growth:
+            if seen[0] not in self._grew:
+                self._grew[seen[0]] = self._live.grew_wide(seen[0])
+            if self._grew[seen[0]]:
+                return ()  # the storm grew past its switch after the incident was decided
         return seen[2]
 
     @property

@@ -178,8 +178,13 @@ class LiveLoop:
             # It never closes by itself: only `slurmedic breaker reset` does.
             now = self.clock()
             self.ledger.put(Breaker(open=True, opened_at=now), now)
+        keys = dict.fromkeys(d.incident for d in decisions)
+        # Incidents whose decisions stayed but whose evidence or rule 5's judgement changed:
+        # kept too, so that a restart restores what the engine knew.
+        rejudged = [i for i in self.engine.take_rejudged() if i.key not in keys]
+        if rejudged:
+            self.ledger.record([], rejudged)
         if decisions:
-            keys = dict.fromkeys(d.incident for d in decisions)
             ids = self.ledger.record(decisions, [self.engine.incidents[k] for k in keys])
             if self.dispatcher is not None:
                 # Monitor and approve decisions get their dry run now; enforce ones, and
