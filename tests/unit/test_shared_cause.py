@@ -171,3 +171,33 @@ def test_jobs_slurm_has_ended_still_count_across_jobs() -> None:
         later.add(Evidence("A", "node_down", n, None, f"{i}", T0 + timedelta(minutes=2), T0))
     verdict = later.at(T0 + timedelta(minutes=3), view, rules)
     assert verdict.jobs == 0 and not verdict.covers("n004")
+
+
+def test_grew_wide_agrees_with_trying_every_span() -> None:
+    """A kept switch verdict's growth check, one pass with a sliding job count, says what
+    looking at every span that ends at or after the kept start says."""
+    rng = random.Random(11)
+    rules = SharedCause(cluster_min_nodes=4, cluster_fraction=0.08)
+    view = cluster(per_switch=8)
+    span = rules.window
+    seen = {True: 0, False: 0}
+    for trial in range(200):
+        failing = FailingNodes()
+        for i in range(rng.randrange(2, 14)):
+            start = T0 + timedelta(seconds=rng.uniform(-600, 600))
+            failing.add(
+                Evidence("A", "node_down", rng.choice(list(view.nodes)), None, f"{i}", start, T0)
+            )
+        at = T0 + timedelta(seconds=rng.uniform(-300, 300))
+        verdict = failing.at(T0 + timedelta(hours=1), view, rules)
+        need = max(rules.cluster_min_nodes, rules.cluster_fraction * len(view.nodes))
+        expected = False
+        for end in failing.latest.values():
+            if not at <= end <= at + span:
+                continue
+            inside = [n for n, s in failing.latest.items() if end - span <= s <= end]
+            jobs = {j.id for n in inside for j in view.jobs_on(n, failing.latest[n])}
+            expected |= len(inside) >= need and len(jobs) >= 2
+        assert verdict.grew_wide(at) == expected, trial
+        seen[expected] += 1
+    assert seen[True] > 20 and seen[False] > 20  # both answers, often

@@ -143,11 +143,7 @@ class Engine:
             inc.decided = True
             # Whether its job's end is news also depends on this engine's policy (the ledger
             # knows none): a switch's escalation watches its job with requeue_away.
-            job = self.view.jobs.get(inc.job) if inc.job is not None else None
-            # Not a job that had ended when the incident was decided: its end is no news.
-            ended = job.ended if job is not None and job.has_ended else None
-            seen_end = ended is not None and inc.decided_at is not None and ended <= inc.decided_at
-            if not inc.closed and not inc.until_job_ends and not seen_end:
+            if not inc.closed and not inc.until_job_ends:
                 inc.until_job_ends = until_job_ends(
                     inc.standing, None, shared=self.policy.shared_cause.requeue_away
                 )
@@ -231,8 +227,18 @@ class Engine:
                 if inc.until_job_ends and (job is None or job.has_ended):
                     inc.until_job_ends = False
                     # Only a failure is news: a job that completed, or that its owner cancelled,
-                    # leaves the decision (and what people were told) as it was.
-                    if job is not None and job.failed:
+                    # leaves the decision (and what people were told) as it was. For a storm's
+                    # escalation (requeue_away), nor is an end from before it was decided (an
+                    # incident restored, or watched before the view had the job): moving the
+                    # job now would act on an old failure; it waits for the person.
+                    ended = job.ended if job is not None else None
+                    known = (
+                        ended is not None
+                        and inc.decided_at is not None
+                        and ended <= inc.decided_at
+                        and any(d.cause == SHARED for d in inc.standing)
+                    )
+                    if job is not None and job.failed and not known:
                         self._look_by(inc, settle)
                     self._indexed(inc)
 

@@ -186,23 +186,25 @@ class SharedCauses:
         """Whether, within a window after `at`, the failures of some window's span were many
         nodes across jobs (a cluster-wide cause): for a verdict kept from `at`, when the storm
         covered one switch, and checked after rule 5's window moved past it. Counted from the
-        latest failure of each node, over the spans that end at or after `at` (those that end
-        before were the kept verdict's own)."""
+        latest failure of each node, over the spans that end at or after `at` (one pass, the
+        jobs counted as the span slides)."""
         failing, rules = self._failing, self._rules
         span = rules.window
         near = sorted(
             (start, n) for n, start in failing.latest.items() if at - span <= start <= at + span
         )
         need = max(rules.cluster_min_nodes, rules.cluster_fraction * max(1, len(self._view.nodes)))
+        held = [{j.id for j in self._view.jobs_on(n, start)} for start, n in near]
+        jobs: Counter[int] = Counter()
         first = 0
         for last, (end, _) in enumerate(near):
+            jobs.update(held[last])
             while near[first][0] < end - span:
+                jobs.subtract(held[first])
+                jobs -= Counter()  # drop the jobs no node in the span holds any more
                 first += 1
-            inside = near[first : last + 1]
-            if end >= at and len(inside) >= need:
-                jobs = {j.id for start, n in inside for j in self._view.jobs_on(n, start)}
-                if len(jobs) >= 2:
-                    return True
+            if end >= at and last - first + 1 >= need and len(jobs) >= 2:
+                return True
         return False
 
     @property
@@ -255,7 +257,7 @@ class Judged:
         # check_growth: whether a kept switch verdict is checked for a storm that grew
         # cluster-wide since (only shared_cause.requeue_away reads `away`).
         self._live, self._before, self._check_growth = live, before, check_growth
-        self._grew: dict[datetime, bool] = {}
+        self._grew: bool | None = None
         self._latest: dict[str, datetime] = {}
         for e in evidence:
             if e.node and e.signal in HARDWARE and e.actionable:
@@ -282,9 +284,12 @@ class Judged:
         if seen is None or not seen[2]:
             return ()
         if self._check_growth:
-            if seen[0] not in self._grew:
-                self._grew[seen[0]] = self._live.grew_wide(seen[0])
-            if self._grew[seen[0]]:
+            if self._grew is None:
+                # Once per decision, from the incident's earliest kept start: the spans after
+                # it hold those after any later one.
+                kept = [v[0] for v in (*self._before.values(), *self.now.values()) if v[2]]
+                self._grew = self._live.grew_wide(min(kept, default=seen[0]))
+            if self._grew:
                 return ()  # the storm grew past its switch after the incident was decided
         return seen[2]
 

@@ -180,12 +180,11 @@ class LiveLoop:
             self.ledger.put(Breaker(open=True, opened_at=now), now)
         keys = dict.fromkeys(d.incident for d in decisions)
         # Incidents whose decisions stayed but whose evidence or rule 5's judgement changed:
-        # kept too, so that a restart restores what the engine knew.
+        # kept too, in the same transaction, so that a restart restores what the engine knew.
         rejudged = [i for i in self.engine.take_rejudged() if i.key not in keys]
-        if rejudged:
-            self.ledger.record([], rejudged)
-        if decisions:
-            ids = self.ledger.record(decisions, [self.engine.incidents[k] for k in keys])
+        if decisions or rejudged:
+            incidents = [self.engine.incidents[k] for k in keys] + rejudged
+            ids = self.ledger.record(decisions, incidents)
             if self.dispatcher is not None:
                 # Monitor and approve decisions get their dry run now; enforce ones, and
                 # approved ones, are picked up below.
