@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from webhook.core.evidence import Evidence
+from webhook.core.policy import SHARED
 from webhook.core.shared_cause import RuleFive
 from webhook.core.signals import APPLICATION, HANG, HARDWARE, STALL, STRAGGLER, TIMEOUT
 
@@ -98,7 +99,7 @@ def shared_cause_only(f: Facts) -> Attribution | None:
     (Where it covers only some, rule 1 blames the others.)"""
     if f.covered and not f.hardware:
         return Attribution(
-            "shared_infrastructure",
+            SHARED,
             (),
             f"{f.shared}; nothing is drained",
             avoid=f.avoid,

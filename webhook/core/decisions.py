@@ -24,11 +24,10 @@ from webhook.core.cluster import Job
 from webhook.core.evidence import Evidence
 from webhook.core.history import HistoryIndex
 from webhook.core.lifecycle import INITIAL, PENDING, RECORDED, State
-from webhook.core.policy import Policy
+from webhook.core.policy import SHARED, Policy
 from webhook.core.signals import FAILURE_SIGNALS
 
 DRAIN_CAUSES = {"gpu_hardware", "node_failure", "network", "straggler"}
-SHARED = "shared_infrastructure"  # rule 5's cause: never drained, never stopped for
 SCHEDULER_ACTIONS = frozenset({"drain", "requeue", "stop", "resume"})  # the ones that change Slurm
 JOB_ACTIONS = frozenset({"requeue", "stop"})  # the ones that interrupt a job
 # Causes that blame nobody: a job that died of them is requeued once, then given to a human.

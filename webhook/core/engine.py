@@ -42,11 +42,11 @@ from datetime import datetime, timedelta
 from webhook.core.alerts import Payload
 from webhook.core.attribution import Attribution, attribute, stall_only
 from webhook.core.cluster import ClusterView, Job
-from webhook.core.decisions import SCHEDULER_ACTIONS, SHARED, Decision, GuardState, PastAction
+from webhook.core.decisions import SCHEDULER_ACTIONS, Decision, GuardState, PastAction
 from webhook.core.evidence import Evidence, from_alert
 from webhook.core.guards import decide
 from webhook.core.incidents import IncidentKey
-from webhook.core.policy import Policy
+from webhook.core.policy import SHARED, Policy
 from webhook.core.shared_cause import FailingNodes, Judged, Judgement, SharedCauses
 from webhook.core.signals import HARDWARE
 
@@ -141,12 +141,11 @@ class Engine:
         forgotten at the next tick, as they would have been without the restart."""
         for inc in incidents:
             inc.decided = True
-            # Whether its job's end is news also depends on this engine's policy (the ledger
-            # knows none): a switch's escalation watches its job with requeue_away.
-            if not inc.closed and not inc.until_job_ends:
-                inc.until_job_ends = until_job_ends(
-                    inc.standing, None, shared=self.policy.shared_cause.requeue_away
-                )
+            # Whether its job's end is news, from the decisions in force and this engine's
+            # policy (a switch's escalation watches its job with requeue_away).
+            inc.until_job_ends = until_job_ends(
+                inc.standing, None, shared=self.policy.shared_cause.requeue_away and not inc.closed
+            )
             self.incidents[inc.key] = inc
             for key in inc.known:
                 self.decided_on.setdefault(key, inc.key)

@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 from webhook.core.attribution import Attribution, names
 from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
 from webhook.core.decisions import (
-    SHARED,
     BreakerOpened,
     Counted,
     Decision,
@@ -40,7 +39,7 @@ from webhook.core.decisions import (
 )
 from webhook.core.disruption import with_disruption
 from webhook.core.evidence import Evidence
-from webhook.core.policy import Policy
+from webhook.core.policy import SHARED, Policy
 from webhook.core.signals import FAILURE_SIGNALS
 
 

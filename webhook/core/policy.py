@@ -34,6 +34,8 @@ Cause = Literal[
     "straggler",
     "unknown",
 ]
+# Rule 5's cause: never drained, and a job is never stopped for it.
+SHARED: Cause = "shared_infrastructure"
 MODES: tuple[str, ...] = get_args(Mode)
 ACTIONS: tuple[str, ...] = get_args(Action)
 CAUSES: tuple[str, ...] = get_args(Cause)

@@ -142,14 +142,16 @@ class SharedCauses:
         self._jobs: int | None = None
         self._reason: str | None = None
 
+    def _many(self, down: int) -> bool:
+        """Enough nodes for a cluster-wide cause (with failures across two jobs or more)."""
+        rules = self._rules
+        return down >= max(
+            rules.cluster_min_nodes, rules.cluster_fraction * max(1, len(self._view.nodes))
+        )
+
     @property
     def cluster_wide(self) -> bool:
-        down, rules = len(self._failing._window), self._rules
-        return (
-            down >= rules.cluster_min_nodes
-            and down >= rules.cluster_fraction * max(1, len(self._view.nodes))
-            and self.jobs >= 2
-        )
+        return self._many(len(self._failing._window)) and self.jobs >= 2
 
     @property
     def jobs(self) -> int:
@@ -193,7 +195,6 @@ class SharedCauses:
         near = sorted(
             (start, n) for n, start in failing.latest.items() if at - span <= start <= at + span
         )
-        need = max(rules.cluster_min_nodes, rules.cluster_fraction * max(1, len(self._view.nodes)))
         held = [{j.id for j in self._view.jobs_on(n, start)} for start, n in near]
         jobs: Counter[int] = Counter()
         first = 0
@@ -203,7 +204,7 @@ class SharedCauses:
                 jobs.subtract(held[first])
                 jobs -= Counter()  # drop the jobs no node in the span holds any more
                 first += 1
-            if end >= at and last - first + 1 >= need and len(jobs) >= 2:
+            if end >= at and self._many(last - first + 1) and len(jobs) >= 2:
                 return True
         return False
 

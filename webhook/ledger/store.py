@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from webhook.core.alerts import Alert, Payload
 from webhook.core.decisions import BLAMELESS, SCHEDULER_ACTIONS, Decision, PastAction
-from webhook.core.engine import Incident, evidence_key, until_job_ends
+from webhook.core.engine import Incident, evidence_key
 from webhook.core.incidents import VERIFY, BadIncidentKey, IncidentKey
 from webhook.core.lifecycle import (
     AWAITING_APPROVAL,
@@ -583,7 +583,6 @@ class Ledger:
                     revision=int(revisions.get(key) or 0),
                     known=known,
                     closed=carried or not ours or decided_at < since,
-                    until_job_ends=until_job_ends(standing_now, None),
                     shared=_judgement(row.shared) if row else {},
                 )
             )
