@@ -298,14 +298,8 @@ def test_rule_five_s_judgement_outlives_a_restart(tmp_path: Path, requeue_away: 
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": requeue_away}})
     clock, jobs = Clock(), {42: "RUNNING"}
-    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
-    clock.now = T0 + timedelta(seconds=20)
-    deliver(ledger, clock.now, *(port_down(n, T0) for n in ("gpu01", "gpu02", "gpu03")))
-    live.step()
-    clock.now += timedelta(seconds=10)
-    first = live.step()
-    assert [(d.action, d.cause) for d in first] == [("escalate", "shared_infrastructure")]
-    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+    storm_escalated(ledger, policy, clock, jobs)
+    live = leaf_loop(ledger, policy, clock, jobs)  # a restart
     clock.now = T0 + timedelta(minutes=9, seconds=30)  # past the 5-minute window
     jobs[42] = "FAILED"
     deliver(
@@ -334,9 +328,14 @@ def test_rule_five_s_judgement_outlives_a_restart(tmp_path: Path, requeue_away: 
         assert made == [("escalate", "shared_infrastructure", ())]
 
 
+def leaf_loop(ledger: Ledger, policy: Policy, clock: Clock, jobs: dict[int, str]) -> LiveLoop:
+    """A loop (a start of serve) on `leaves`, job 42 in the state `jobs` says."""
+    return LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+
+
 def storm_escalated(ledger: Ledger, policy: Policy, clock: Clock, jobs: dict[int, str]) -> LiveLoop:
     """leaf1's storm (gpu01-03) hits job 42 at T0; the loop escalates it."""
-    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+    live = leaf_loop(ledger, policy, clock, jobs)
     clock.now = T0 + timedelta(seconds=20)
     deliver(ledger, clock.now, *(port_down(n, T0) for n in ("gpu01", "gpu02", "gpu03")))
     live.step()
@@ -363,11 +362,11 @@ def test_a_revision_that_changes_nothing_still_keeps_its_judgement(
     policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": requeue_away}})
     clock, jobs = Clock(), {42: "RUNNING"}
     storm_escalated(ledger, policy, clock, jobs)
-    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+    live = leaf_loop(ledger, policy, clock, jobs)
     clock.now = T0 + timedelta(seconds=70)
     deliver(ledger, clock.now, port_down("gpu04", T0 + timedelta(seconds=60)))
     assert steps(live, clock) == []
-    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+    live = leaf_loop(ledger, policy, clock, jobs)
     clock.now = T0 + timedelta(minutes=9, seconds=30)
     assert steps(live, clock) == []
 
@@ -381,7 +380,7 @@ def test_a_storm_restored_without_its_alerts_is_not_decided_again(tmp_path: Path
     clock, jobs = Clock(), {42: "RUNNING"}
     storm_escalated(ledger, policy, clock, jobs)
     clock.now = T0 + timedelta(minutes=70)
-    live = LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)
+    live = leaf_loop(ledger, policy, clock, jobs)
     live.step()
     clock.now = T0 + timedelta(hours=2)
     jobs[42] = "FAILED"
