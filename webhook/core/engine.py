@@ -223,7 +223,10 @@ class Engine:
                 inc = self.incidents[key]
                 if not inc.decided and inc.check_at is not None and job is not None and job.failed:
                     self._look_by(inc, settle)  # a stall's wait ends with the job: no more comes
-                if inc.until_job_ends and (job is None or job.has_ended):
+                # Slurm requeued the job by itself (its attempt moved on): the attempt this
+                # incident watched has ended, and what ends later is another attempt's.
+                moved_on = job is not None and _attempt(inc) < job.restarts
+                if inc.until_job_ends and (job is None or job.has_ended or moved_on):
                     inc.until_job_ends = False
                     # Only a failure is news: a job that completed, or that its owner cancelled,
                     # leaves the decision (and what people were told) as it was. For a storm's
@@ -237,7 +240,7 @@ class Engine:
                         and ended <= inc.decided_at
                         and any(d.cause == SHARED for d in inc.standing)
                     )
-                    if job is not None and job.failed and not known:
+                    if job is not None and job.failed and not known and not moved_on:
                         self._look_by(inc, settle)
                     self._indexed(inc)
 
@@ -494,6 +497,12 @@ class Engine:
         job = self.view.jobs.get(inc.job)
         attempt = IncidentKey.parse(inc.key).attempt
         return job is None or attempt is None or attempt < job.restarts - 1
+
+
+def _attempt(inc: Incident) -> int:
+    """The attempt an incident of a job is about (its key's restart count)."""
+    attempt = IncidentKey.parse(inc.key).attempt
+    return attempt if attempt is not None else 0
 
 
 def until_job_ends(made: Iterable[Decision], job: Job | None, *, shared: bool = False) -> bool:
