@@ -371,10 +371,11 @@ def test_a_revision_that_changes_nothing_still_keeps_its_judgement(
     assert steps(live, clock) == []
 
 
-def test_a_storm_restored_without_its_alerts_is_not_decided_again(tmp_path: Path) -> None:
-    """serve restarts more than an hour after the storm (its alerts are not fed again); the
-    job then fails: the incident has nothing to be judged on again, and its escalation stands
-    (decided from no evidence, it was a requeue of an 'unknown' failure)."""
+def test_a_storm_restored_an_hour_on_is_decided_again_with_its_alerts(tmp_path: Path) -> None:
+    """serve restarts more than an hour after the storm (past the hour of alerts fed again);
+    the view then shows the job failed 9 minutes after the storm: the incident is judged again
+    with the storm's alerts it was decided on, and the job moved off leaf1, as without the
+    restart (decided from no evidence, it was a requeue of an 'unknown' failure)."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": True}})
     clock, jobs = Clock(), {42: "RUNNING"}
@@ -384,4 +385,44 @@ def test_a_storm_restored_without_its_alerts_is_not_decided_again(tmp_path: Path
     live.step()
     clock.now = T0 + timedelta(hours=2)
     jobs[42] = "FAILED"
-    assert steps(live, clock) == []
+    made = steps(live, clock)
+    assert {(d.action, d.cause, d.exclude) for d in made} == {
+        ("requeue", "shared_infrastructure", ("gpu01", "gpu02", "gpu03", "gpu04")),
+        ("escalate", "shared_infrastructure", ()),
+    }, made
+
+
+@pytest.mark.parametrize("requeue_away", [False, True])
+def test_a_late_alert_after_a_restart_an_hour_on_is_judged_with_the_storm(
+    tmp_path: Path, requeue_away: bool
+) -> None:
+    """serve restarts 70 minutes after leaf1's storm (past the hour of alerts fed again); a
+    rank's failure on gpu05 then arrives for the storm's job. It is judged with the storm's
+    alerts the incident was decided on, not alone: no stop or requeue of an application's
+    failure, no drain of gpu05 (past requeue_away_within, the job is not moved either)."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": requeue_away}})
+    clock, jobs = Clock(), {42: "RUNNING"}
+    storm_escalated(ledger, policy, clock, jobs)
+    clock.now = T0 + timedelta(minutes=70)
+    live = leaf_loop(ledger, policy, clock, jobs)
+    live.step()
+    clock.now = T0 + timedelta(minutes=71)
+    deliver(
+        ledger,
+        clock.now,
+        {
+            "startsAt": (T0 + timedelta(minutes=70, seconds=50)).isoformat(),
+            "labels": {
+                "alertname": "TrainingTaskFailed",
+                "signal": "app_error",
+                "node": "gpu05",
+                "slurm_job_id": "42",
+            },
+        },
+    )
+    made = steps(live, clock)
+    assert all(d.cause == "shared_infrastructure" for d in made), made
+    assert not [d for d in made if d.action in ("drain", "requeue", "stop")], made
+    rows = [(r.action, r.cause) for r in ledger.decisions() if r.state != "superseded"]
+    assert rows and all(cause == "shared_infrastructure" for _, cause in rows), rows

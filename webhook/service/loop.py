@@ -14,10 +14,10 @@ from datetime import UTC, datetime, timedelta
 
 from webhook.adapters.slurm import SlurmError
 from webhook.core import durations
-from webhook.core.alerts import wrap
+from webhook.core.alerts import Alert, wrap
 from webhook.core.cluster import ClusterView, eligible
 from webhook.core.decisions import Decision
-from webhook.core.engine import Engine
+from webhook.core.engine import Engine, evidence_key
 from webhook.core.lifecycle import (
     AWAITING_APPROVAL,
     DRY_RUN_FIRST,
@@ -122,7 +122,10 @@ class LiveLoop:
             self._catch_up()
 
     def _catch_up(self) -> None:
-        """Feed the ledger's alerts of the last hour (older ones are history, not evidence)."""
+        """Feed the ledger's alerts of the last hour (older ones are history, not evidence),
+        and the older ones a restored incident was decided on: they go back to it, so that a
+        revision judges its new evidence with the old (a rank's failure an hour after a
+        switch's storm is not an application's failure alone)."""
         while self._feed(since=self.started - REPLAY_HORIZON):
             pass
         self.caught_up = True
@@ -147,11 +150,15 @@ class LiveLoop:
         for row_id, received_at, alert in rows:
             self.last_alert = max(self.last_alert, row_id)
             self.fed.add(row_id)
-            if since is None or received_at >= since:
+            if since is None or received_at >= since or self._decided_on(alert):
                 self.engine.receive(wrap([alert]), received_at)
         if rows:
             self.fed = {i for i in self.fed if i > self.last_alert - LATE_IDS}
         return len(rows)
+
+    def _decided_on(self, alert: Alert) -> bool:
+        """Whether a restored incident was decided on this alert."""
+        return evidence_key(alert.fingerprint, alert.startsAt) in self.engine.decided_on
 
     def step(self) -> list[Decision]:
         if time.monotonic() - self.view_at >= self.refresh_seconds:
