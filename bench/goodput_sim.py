@@ -17,6 +17,7 @@ import argparse
 import math
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from webhook.core.policy import Policy, load_policy
@@ -127,11 +128,21 @@ def main() -> None:
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--seeds", type=int, default=3, help="traces for the spread (0: none)")
     ap.add_argument("--by-kind", action="store_true", help="the gap to the oracle by failure kind")
+    ap.add_argument(
+        "--fabric-error",
+        type=float,
+        help="seconds from a dead link or leaf to its jobs' NCCL error (default: they hang until "
+        "the collective timeout)",
+    )
     args = ap.parse_args()
     cfg = SimConfig(days=args.days, seed=args.seed)
-    waits = delays()
+    waits = replace(delays(), fabric_error=args.fabric_error)
     faults = draw(cfg)
     print(report.header(cfg, faults, "see each table"))
+    if args.fabric_error is None:
+        print("- a dead link or leaf: its jobs wait out NCCL's collective timeout\n")
+    else:
+        print(f"- a dead link or leaf: its jobs' NCCL error after {args.fabric_error:g} s\n")
 
     began = time.perf_counter()
     default = compare(cfg, policy=Policy(), delays=waits)

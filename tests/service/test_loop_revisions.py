@@ -15,6 +15,7 @@ from webhook.core.alerts import Payload
 from webhook.core.cluster import ClusterView, Job, Node
 from webhook.core.policy import Policy, load_policy
 from webhook.executor.runner import DrainVars
+from webhook.ledger.schema import IncidentRow
 from webhook.ledger.store import Ledger
 from webhook.service.loop import LiveLoop
 
@@ -29,18 +30,16 @@ class Clock:
         return self.now
 
 
+def train_job(jid: int, nodes: tuple[str, ...], hours: int = 2, **kw: Any) -> Job:
+    """A job of partition train, started `hours` before T0."""
+    return Job(id=jid, nodes=nodes, partition="train", started=T0 - timedelta(hours=hours), **kw)
+
+
 def cluster() -> ClusterView:
     v = ClusterView()
     for i in range(1, 9):
         v.nodes[f"gpu0{i}"] = Node(f"gpu0{i}", "train")
-    v.set_job(
-        Job(
-            id=42,
-            nodes=("gpu01", "gpu02", "gpu03", "gpu04"),
-            partition="train",
-            started=T0 - timedelta(hours=2),
-        )
-    )
+    v.set_job(train_job(42, ("gpu01", "gpu02", "gpu03", "gpu04")))
     return v
 
 
@@ -371,18 +370,27 @@ def test_a_revision_that_changes_nothing_still_keeps_its_judgement(
     assert steps(live, clock) == []
 
 
-def test_a_storm_restored_an_hour_on_is_decided_again_with_its_alerts(tmp_path: Path) -> None:
-    """serve restarts more than an hour after the storm (past the hour of alerts fed again);
-    the view then shows the job failed 9 minutes after the storm: the incident is judged again
-    with the storm's alerts it was decided on, and the job moved off leaf1, as without the
-    restart (decided from no evidence, it was a requeue of an 'unknown' failure)."""
+def restarted_an_hour_on(
+    tmp_path: Path, requeue_away: bool
+) -> tuple[Ledger, Clock, dict[int, str], LiveLoop]:
+    """leaf1's storm escalated for job 42, and serve restarted 70 minutes on (past the hour of
+    alerts a restart feeds again)."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": True}})
+    policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": requeue_away}})
     clock, jobs = Clock(), {42: "RUNNING"}
     storm_escalated(ledger, policy, clock, jobs)
     clock.now = T0 + timedelta(minutes=70)
     live = leaf_loop(ledger, policy, clock, jobs)
     live.step()
+    return ledger, clock, jobs, live
+
+
+def test_a_storm_restored_an_hour_on_is_decided_again_with_its_alerts(tmp_path: Path) -> None:
+    """serve restarts more than an hour after the storm (past the hour of alerts fed again);
+    the view then shows the job failed 9 minutes after the storm: the incident is judged again
+    with the storm's alerts it was decided on, and the job moved off leaf1, as without the
+    restart (decided from no evidence, it was a requeue of an 'unknown' failure)."""
+    _, clock, jobs, live = restarted_an_hour_on(tmp_path, True)
     clock.now = T0 + timedelta(hours=2)
     jobs[42] = "FAILED"
     made = steps(live, clock)
@@ -400,13 +408,7 @@ def test_a_late_alert_after_a_restart_an_hour_on_is_judged_with_the_storm(
     rank's failure on gpu05 then arrives for the storm's job. It is judged with the storm's
     alerts the incident was decided on, not alone: no stop or requeue of an application's
     failure, no drain of gpu05 (past requeue_away_within, the job is not moved either)."""
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": requeue_away}})
-    clock, jobs = Clock(), {42: "RUNNING"}
-    storm_escalated(ledger, policy, clock, jobs)
-    clock.now = T0 + timedelta(minutes=70)
-    live = leaf_loop(ledger, policy, clock, jobs)
-    live.step()
+    ledger, clock, _, live = restarted_an_hour_on(tmp_path, requeue_away)
     clock.now = T0 + timedelta(minutes=71)
     deliver(
         ledger,
@@ -426,3 +428,127 @@ def test_a_late_alert_after_a_restart_an_hour_on_is_judged_with_the_storm(
     assert not [d for d in made if d.action in ("drain", "requeue", "stop")], made
     rows = [(r.action, r.cause) for r in ledger.decisions() if r.state != "superseded"]
     assert rows and all(cause == "shared_infrastructure" for _, cause in rows), rows
+
+
+def leaves_two_jobs(jobs: dict[int, str]) -> ClusterView:
+    """`leaves`, and job 43 on gpu09-12 (leaf3)."""
+    v = leaves(jobs)
+    v.set_job(train_job(43, ("gpu09", "gpu10", "gpu11", "gpu12"), hours=3))
+    return v
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_storm_s_growth_is_judged_the_same_after_a_restart_an_hour_on(
+    tmp_path: Path, restart: bool
+) -> None:
+    """Job 43 lost gpu09 six minutes before leaf1's storm (drained, requeued: its incident is
+    closed); a minute after the storm, gpu10 and gpu11 (job 43's) lose their ports: the storm
+    grew to many nodes across jobs, and job 42, failing later, is not moved off leaf1. A
+    restart 70 minutes on judges it the same: alerts no incident was decided on still count
+    for rule 5 (found in review: they were not fed again, and the job was moved)."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": True}})
+    clock, jobs = Clock(), {42: "RUNNING"}
+
+    def serve() -> LiveLoop:
+        return LiveLoop(
+            ledger, policy, lambda: leaves_two_jobs(jobs), clock=clock, refresh_seconds=0
+        )
+
+    clock.now = T0 - timedelta(minutes=6)
+    live = serve()
+    xid = xid79("gpu09", clock.now)
+    deliver(ledger, clock.now, xid | {"labels": xid["labels"] | {"slurm_job_id": "43"}})
+    assert sorted(d.action for d in steps(live, clock)) == ["drain", "requeue"]
+    clock.now = T0 + timedelta(seconds=20)
+    deliver(ledger, clock.now, *(port_down(n, T0) for n in ("gpu01", "gpu02", "gpu03")))
+    assert [(d.action, d.cause) for d in steps(live, clock)] == [
+        ("escalate", "shared_infrastructure")
+    ]
+    clock.now = T0 + timedelta(seconds=70)
+    late = T0 + timedelta(seconds=60)
+    deliver(ledger, clock.now, *(port_down(n, late) for n in ("gpu10", "gpu11")))
+    assert steps(live, clock) == []
+    clock.now = T0 + timedelta(minutes=70)
+    if restart:
+        live = serve()
+    live.step()
+    clock.now = T0 + timedelta(hours=2)
+    jobs[42] = "FAILED"
+    assert not [d for d in steps(live, clock) if d.action == "requeue"]
+
+
+def shared_node(jobs: dict[int, str]) -> ClusterView:
+    """gpu01-08; jobs 42 and 43 share gpu05 (state as `jobs` says; an end at T0+80m)."""
+    v = ClusterView()
+    for i in range(1, 9):
+        v.nodes[f"gpu0{i}"] = Node(f"gpu0{i}", "train")
+    for jid in (42, 43):
+        ended = T0 + timedelta(minutes=80) if jobs[jid] != "RUNNING" else None
+        v.set_job(train_job(jid, ("gpu05",), state=jobs[jid], ended=ended))
+    return v
+
+
+@pytest.mark.parametrize("restart_at", [None, timedelta(minutes=30), timedelta(minutes=70)])
+def test_an_alert_of_two_jobs_goes_back_to_both_after_a_restart(
+    tmp_path: Path, restart_at: timedelta | None
+) -> None:
+    """An XID 13 with no job label on gpu05, which jobs 42 and 43 share, is an incident of
+    each. After a restart both get it back (found in review: only the first did, and the
+    other, its job failing, was decided from nothing, a requeue of an 'unknown' failure)."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5})
+    clock, jobs = Clock(), {42: "RUNNING", 43: "RUNNING"}
+
+    def serve() -> LiveLoop:
+        return LiveLoop(ledger, policy, lambda: shared_node(jobs), clock=clock, refresh_seconds=0)
+
+    live = serve()
+    clock.now = T0 + timedelta(seconds=5)
+    labels = {"alertname": "GpuXidApplicationFault", "signal": "gpu_app", "node": "gpu05"}
+    deliver(ledger, clock.now, {"startsAt": T0.isoformat(), "labels": labels | {"xid": "13"}})
+    assert sorted((d.incident, d.guard) for d in steps(live, clock)) == [
+        ("42.0", "job_running"),
+        ("42.0", "job_running"),
+        ("43.0", "job_running"),
+        ("43.0", "job_running"),
+    ]
+    if restart_at is not None:
+        clock.now = T0 + restart_at
+        live = serve()
+        live.step()
+    clock.now = T0 + timedelta(minutes=81)
+    jobs[43] = "FAILED"
+    made = steps(live, clock)
+    assert sorted((d.incident, d.action, d.cause) for d in made) == [
+        ("43.0", "stop", "application")
+    ]
+
+
+def test_a_restart_keeps_the_record_of_evidence_it_could_not_give_back(tmp_path: Path) -> None:
+    """gpu03, one of the storm's nodes, leaves the cluster; serve restarts; the job fails and
+    the storm's incident is revised. Its alert on gpu03 could not be fed back (not a node of
+    the cluster any more), and the ledger's record of the incident's evidence still has it."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": True}})
+    clock, jobs, gone = Clock(), {42: "RUNNING"}, {"gpu03": False}
+
+    def view() -> ClusterView:
+        v = leaves(jobs)
+        if gone["gpu03"]:
+            del v.nodes["gpu03"]
+            v.set_job(replace(v.jobs[42], nodes=tuple(n for n in v.jobs[42].nodes if n != "gpu03")))
+        return v
+
+    storm_escalated(ledger, policy, clock, jobs)
+    clock.now = T0 + timedelta(minutes=70)
+    gone["gpu03"] = True
+    live = LiveLoop(ledger, policy, view, clock=clock, refresh_seconds=0)
+    live.step()
+    clock.now = T0 + timedelta(hours=2)
+    jobs[42] = "FAILED"
+    assert [d.action for d in steps(live, clock)]  # revised: the incident is written again
+    with ledger.session() as s:
+        kept = s.get(IncidentRow, "42.0")
+        assert kept is not None
+        assert sorted(e["node"] for e in kept.evidence) == ["gpu01", "gpu02", "gpu03"]

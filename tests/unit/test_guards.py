@@ -105,7 +105,7 @@ def test_the_order_is_the_table_the_docs_give() -> None:
     section = section[: section.index("\n\n", section.index("| stage |"))]
     documented = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M)
     assert documented == [name for name, _ in g.PIPELINE]
-    assert documented[0] == "job_running" and documented[-2:] == ["one_per_action", "mode"]
+    assert documented[0] == "moved_on" and documented[-2:] == ["one_per_action", "mode"]
 
 
 def test_the_docs_name_every_guard_the_stages_record() -> None:
@@ -113,6 +113,7 @@ def test_the_docs_name_every_guard_the_stages_record() -> None:
     section = next(chunk for chunk in after.split("\n\n") if chunk.startswith("| stage |"))
     recorded = set(re.findall(r"\(`([a-z_]+)`\)", section))
     assert recorded == {
+        "attempt_moved_on",
         "job_running",
         "out_of_scope",
         "ended_on_purpose",
@@ -132,6 +133,27 @@ def test_the_docs_name_every_guard_the_stages_record() -> None:
 
 
 # ---- each stage alone -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("state", "kept"), [("RUNNING", False), ("FAILED", False), ("PENDING", True)]
+)
+def test_moved_on_leaves_a_job_whose_next_attempt_started_alone(state: str, kept: bool) -> None:
+    """Incident 7.0 (attempt 0); Slurm requeued the job by itself: attempt 1 runs or ended (not
+    touched), or waits (the requeue adds the exclusions to it)."""
+    c = ctx(GPU, job(state, restarts=1))
+    for action in ("requeue", "stop"):
+        d = replace(planned(c, "requeue"), action=action)
+        out = g.moved_on(d, c)
+        if kept:
+            assert out == g.Outcome((d,))
+        else:
+            assert summary(out) == [("none", "attempt_moved_on", (), ())]
+            assert out.decisions[0].reason.startswith("attempt 0 of job 7 was requeued without")
+    same = ctx(GPU, job(state, restarts=0))
+    assert g.moved_on(planned(same, "requeue"), same) == g.Outcome((planned(same, "requeue"),))
+    drain = planned(c, "drain")
+    assert g.moved_on(drain, c) == g.Outcome((drain,))
+
+
 def test_job_running_leaves_a_training_job_alone_and_tells_people() -> None:
     c = ctx(APP, job())
     out = g.job_running(planned(c, "stop"), c)

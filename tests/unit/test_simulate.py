@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -140,6 +141,45 @@ def test_every_policy_on_a_drawn_trace():
     assert all(o.ettr_cluster <= got["oracle"].ettr_cluster for o in got.values())
     assert got["oracle"].tally.healthy_drained == 0
     assert got["naive"].tally.healthy_drained > 0
+
+
+def test_the_loss_by_cause_adds_up_and_names_the_fault_that_cost_it():
+    cfg = small(days=3, seed=4, rates={k: v * 20 for k, v in llama3_rates().items()})
+    faults = draw(cfg)
+    for p in ("none", "naive", "slurmedic", "oracle"):
+        o = run(cfg, p, faults)
+        assert sum(o.lost_by_kind.values()) == pytest.approx(o.gpu_hours_lost, abs=1), p
+        assert set(o.lost_by_kind) <= {*{f.kind for f in faults}, "start", "needless"}, p
+    # One GPU off the bus under the big job: the whole loss is that fault's, and it is the
+    # work since the checkpoint, the restart and the wait (more with no automation).
+    fault = [Fault(2 * H, "gpu", 5, gpu=3)]
+    alone = {p: run(small(), p, fault) for p in ("none", "slurmedic", "oracle")}
+    for p, o in alone.items():
+        assert list(o.lost_by_kind) == ["gpu"], (p, o.lost_by_kind)
+    assert alone["none"].lost_by_kind["gpu"] > alone["slurmedic"].lost_by_kind["gpu"]
+    assert alone["slurmedic"].lost_by_kind["gpu"] >= alone["oracle"].lost_by_kind["gpu"] > 0
+    # A leaf's storm: what its jobs lost is the switch's, whoever answers.
+    for p in ("naive", "slurmedic"):
+        storm = run(small(), p, [Fault(2 * H, "switch", 1)])
+        assert list(storm.lost_by_kind) == ["switch"], (p, storm.lost_by_kind)
+
+
+def test_a_dead_link_nccl_reports_at_once_is_requeued_after_the_node_s_drain():
+    """A link dies under the big job. Hanging until the collective timeout, the job is still
+    running when the port-down alert comes: drain and requeue off the node. With NCCL's
+    transport error (fabric_error) the job fails in seconds, before that alert: with blame_wait
+    its blameless requeue comes after the node's drain (once); without the wait (the default),
+    the next attempt lands on the dead link and fails again."""
+    fault = [Fault(2 * H, "link", 5)]
+    quick = replace(delays(), fabric_error=10.0)
+    waits = load_policy({"blame_wait": "2m"})
+    hangs = simulate(small(), "slurmedic", policy=waits, faults=fault)
+    errors = simulate(small(), "slurmedic", policy=waits, delays=quick, faults=fault)
+    hasty = simulate(small(), "slurmedic", policy=load_policy({}), delays=quick, faults=fault)
+    for o in (hangs, errors):
+        assert (o.tally.drains, o.tally.healthy_drained, o.tally.requeues) == (1, 0, 1)
+    assert (hasty.tally.drains, hasty.tally.requeues, hasty.tally.failures) == (1, 2, 2)
+    assert errors.lost_by_kind["link"] < hasty.lost_by_kind["link"]
 
 
 def test_the_delays_come_from_the_rule_config_and_alertmanagers_route():

@@ -5,6 +5,7 @@ with your policy, and an oracle (webhook/simulate)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -69,6 +70,12 @@ def _intervals(value: str) -> list[timedelta]:
     help="The site's alertmanager.yml, for its route to slurmedic (default: the example).",
 )
 @click.option(
+    "--fabric-error",
+    type=click.FloatRange(min=0),
+    help="Seconds from a dead link or leaf switch to its jobs' NCCL error (NCCL's InfiniBand "
+    "retries, about 9 s with its defaults); default: they wait out the collective timeout.",
+)
+@click.option(
     "--sweep",
     "sweep_",
     help="Checkpoint intervals to compare too, e.g. 10m,30m,1h,2h (every job class's).",
@@ -88,6 +95,7 @@ def simulate(
     policies: str,
     rules_config: Path | None,
     alertmanager: Path | None,
+    fabric_error: float | None,
     sweep_: str | None,
     plot: Path | None,
     fmt: str,
@@ -103,7 +111,7 @@ def simulate(
     try:
         cfg = sim_config(cluster_file, days=days, nodes=nodes, seed=seed)
         rules = RuleSource(config_file=rules_config) if rules_config else None
-        waits = delays(rules, alertmanager)
+        waits = replace(delays(rules, alertmanager), fabric_error=fabric_error)
     except SiteError as e:
         raise click.ClickException(str(e)) from e
     if cfg.busy_nodes > cfg.nodes:

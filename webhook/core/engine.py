@@ -110,7 +110,8 @@ class Engine:
     # Evidence a restored incident was decided on, and that incident: fed again after a
     # restart, it goes back there, whatever the cluster looks like now (the job it hit has
     # moved on, its node is idle: it is not a new failure of that node).
-    decided_on: dict[EvidenceKey, str] = field(default_factory=dict)
+    # (An alert with no job label on a node several jobs shared went to each of them.)
+    decided_on: dict[EvidenceKey, tuple[str, ...]] = field(default_factory=dict)
     failing: FailingNodes = field(default_factory=FailingNodes, repr=False)
     # Per idle node, the last of its failures that was forgotten: (its number, decided when).
     forgotten_nodes: dict[str, tuple[int, datetime]] = field(default_factory=dict, repr=False)
@@ -148,7 +149,7 @@ class Engine:
             )
             self.incidents[inc.key] = inc
             for key in inc.known:
-                self.decided_on.setdefault(key, inc.key)
+                self.decided_on[key] = (*self.decided_on.get(key, ()), inc.key)
             self._indexed(inc)
 
     def close(self, keys: Iterable[str]) -> None:
@@ -186,17 +187,23 @@ class Engine:
                 continue
             self.failing.add(ev)
             known = evidence_key(*key)
-            before = self.decided_on.get(known)
-            targets = (
-                [self.incidents[before]]
-                if before in self.incidents
-                else self._incidents_for(ev, at)
-            )
+            before = [
+                self.incidents[k] for k in self.decided_on.get(known, ()) if k in self.incidents
+            ]
+            targets = before or self._incidents_for(ev, at)
             for incident in targets:
                 incident.evidence.append(ev)
                 touched.add(incident.key)
                 self._news(incident, known, at)
         return Receipt(new, dup, resolved, tuple(rejected), tuple(sorted(touched)))
+
+    def remember(self, payload: Payload, at: datetime) -> None:
+        """Alerts from before a restart that are history, not evidence for an incident: rule 5
+        still counts their nodes' failures (whether a switch's storm grew cluster-wide is judged
+        from them, as it would have been without the restart)."""
+        for alert in payload.alerts:
+            if alert.status == "firing":
+                self.failing.add(from_alert(alert, at, self.view))
 
     def _news(self, incident: Incident, key: EvidenceKey, at: datetime) -> None:
         """Evidence arrived: look again a settle window from now (a stall's wait, or a
@@ -224,8 +231,14 @@ class Engine:
                 if not inc.decided and inc.check_at is not None and job is not None and job.failed:
                     self._look_by(inc, settle)  # a stall's wait ends with the job: no more comes
                 # Slurm requeued the job by itself (its attempt moved on): the attempt this
-                # incident watched has ended, and what ends later is another attempt's.
-                moved_on = job is not None and _attempt(inc) < job.restarts
+                # incident watched has ended, and what ends later is another attempt's; but
+                # for a storm's escalation, not when Slurm put it back under the switch (the
+                # storm's alerts, still firing, open no incident of that attempt).
+                moved_on = (
+                    job is not None
+                    and _attempt(inc) < job.restarts
+                    and not (_storm_nodes(inc) & set(job.nodes))
+                )
                 if inc.until_job_ends and (job is None or job.has_ended or moved_on):
                     inc.until_job_ends = False
                     # Only a failure is news: a job that completed, or that its owner cancelled,
@@ -385,10 +398,12 @@ class Engine:
             )
             attr = attribute(incident.evidence, job_nodes, judged)
             incident.shared = judged.now
-            wait_until = incident.opened_at + self.policy.hang_wait
             # A job that ended (a fault, scancel, its time limit) has nothing more to say: its
-            # ranks are gone. Only a running one is waited for.
-            waits = stall_only(attr, incident.evidence) and not (job and job.has_ended)
+            # ranks are gone. Its nodes' own alerts may still come (blame_wait).
+            ended = job is not None and job.has_ended
+            wait = min(self.policy.blame_wait, self.policy.hang_wait) if ended else None
+            wait_until = incident.opened_at + (wait if wait is not None else self.policy.hang_wait)
+            waits = stall_only(attr, incident.evidence)
             if not incident.decided and waits and now < wait_until:
                 incident.check_at = wait_until  # evidence that arrives sooner looks sooner
                 return []
@@ -476,7 +491,8 @@ class Engine:
             self._revisable.discard(inc.key)
             if inc.job is not None:
                 self._on_job.get(inc.job, set()).discard(inc.key)
-        self.decided_on = {k: v for k, v in self.decided_on.items() if v in self.incidents}
+        kept = ((k, tuple(i for i in v if i in self.incidents)) for k, v in self.decided_on.items())
+        self.decided_on = {k: v for k, v in kept if v}
         self.seen = {k: at for k, at in self.seen.items() if at >= before}
         self.failing.forget(before)
         self.guards.history = [h for h in self.guards.history if h.at >= before]
@@ -503,6 +519,13 @@ def _attempt(inc: Incident) -> int:
     """The attempt an incident of a job is about (its key's restart count)."""
     attempt = IncidentKey.parse(inc.key).attempt
     return attempt if attempt is not None else 0
+
+
+def _storm_nodes(inc: Incident) -> set[str]:
+    """The nodes a storm's escalation would move its job off (rule 5's judgement)."""
+    if not any(d.cause == SHARED for d in inc.standing):
+        return set()
+    return {n for _, _, away in inc.shared.values() for n in away}
 
 
 def until_job_ends(made: Iterable[Decision], job: Job | None, *, shared: bool = False) -> bool:

@@ -39,6 +39,7 @@ from webhook.core.decisions import (
 )
 from webhook.core.disruption import with_disruption
 from webhook.core.evidence import Evidence
+from webhook.core.incidents import IncidentKey
 from webhook.core.policy import SHARED, Policy
 from webhook.core.signals import FAILURE_SIGNALS
 
@@ -118,6 +119,28 @@ def _ended_by_choice(job: Job) -> tuple[str, str] | None:
 
 
 # ---- the stages, in PIPELINE's order ---------------------------------------------------------
+def moved_on(d: Decision, ctx: Context) -> Outcome:
+    """The attempt that failed is not the job's any more: Slurm (or a person) requeued it, and
+    the next attempt has started since. Requeueing or stopping the job now would act on that
+    attempt, which this failure is not (drains still hold; while the next attempt waits, a
+    requeue adds the nodes to blame to its exclusions). Not a requeue away from a storm whose
+    switch the next attempt runs under again."""
+    job = ctx.job
+    if not _planned(d, "requeue", "stop") or job is None or job.waiting:
+        return _keep(d)
+    attempt = IncidentKey.parse(d.incident).attempt
+    if attempt is None or attempt >= job.restarts:
+        return _keep(d)
+    if d.cause == SHARED and set(d.exclude) & set(job.nodes):
+        return _keep(d)  # placed back under the storm's switch: it failed of the same cause
+    now = "runs" if job.active else f"ended {job.state}"
+    why = (
+        f"attempt {attempt} of job {job.id} was requeued without slurmedic and attempt "
+        f"{job.restarts} {now}: the job is not touched for attempt {attempt}'s failure"
+    )
+    return _refuse(d, "attempt_moved_on", why, ctx)
+
+
 def job_running(d: Decision, ctx: Context) -> Outcome:
     """Act on failures, not symptoms: an application's error on a job that keeps training
     (nothing fatal logged, no stall, not ended) is left alone, and people are told."""
@@ -412,6 +435,7 @@ def one_per_action(decisions: Sequence[Decision], ctx: Context) -> Outcome:
 
 
 PIPELINE: tuple[tuple[str, Step], ...] = (
+    ("moved_on", each(moved_on)),
     ("job_running", each(job_running)),
     ("scope", each(scope)),
     ("ended_by_choice", each(ended_by_choice)),

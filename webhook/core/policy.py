@@ -125,6 +125,12 @@ class Policy(_Strict):
     # collective timeout (10 min) and a minute for the alert to get here. With hang_after close
     # to the collective timeout, (timeout - hang_after) plus a minute is enough.
     hang_wait: Duration = timedelta(minutes=11)
+    # When the job has ended: how long, from when the incident opened, it still waits for
+    # evidence that names a node. Its ranks are gone, but not the node's own alerts (a fabric
+    # port down has `for: 1m`, a silent node shows after a ping or two): NCCL reports a dead
+    # link in seconds, before them. Within hang_wait. Off by default: the goodput simulator
+    # measured it costing more than it saves (docs/simulate.md).
+    blame_wait: Duration = timedelta(0)
     retry_budget: RetryBudget = RetryBudget()
     breaker: Breaker = Breaker()
     shared_cause: SharedCause = SharedCause()

@@ -303,6 +303,7 @@ class Ledger:
                 done |= self._supersede(s, k, decisions, detail)
             decisions = [d for d in decisions if _what(d) not in done]
             for inc in incidents:
+                before = s.get(IncidentRow, inc.key)
                 s.merge(
                     IncidentRow(
                         key=inc.key,
@@ -313,7 +314,10 @@ class Ledger:
                             (d.at for d in decisions if d.incident == inc.key),
                             default=inc.decided_at or inc.opened_at,
                         ),
-                        evidence=[e.record() for e in inc.evidence],
+                        evidence=_evidence_union(
+                            before.evidence if before is not None else [],
+                            [e.record() for e in inc.evidence],
+                        ),
                         shared=_judgement_json(inc.shared) or None,
                     )
                 )
@@ -873,6 +877,18 @@ def last_dry_run(events: Sequence[DecisionEvent]) -> list[str] | None:
         if isinstance(run := e.detail.get("dry_run"), dict):
             return [str(c) for c in run.get("commands", [])]
     return None
+
+
+def _evidence_union(kept: list[Any], now: list[dict[str, Any]]) -> list[Any]:
+    """An incident's evidence as kept, and what the engine holds now: a restart that could not
+    give an alert back (its node left the cluster) must not drop it from the record."""
+    seen = {(e.get("fingerprint"), e.get("startsAt")) for e in now}
+    old = [
+        e
+        for e in kept
+        if isinstance(e, dict) and (e.get("fingerprint"), e.get("startsAt")) not in seen
+    ]
+    return old + now
 
 
 def first_node(evidence: list[Any]) -> tuple[str, ...]:

@@ -125,7 +125,9 @@ class LiveLoop:
         """Feed the ledger's alerts of the last hour (older ones are history, not evidence),
         and the older ones a restored incident was decided on: they go back to it, so that a
         revision judges its new evidence with the old (a rank's failure an hour after a
-        switch's storm is not an application's failure alone)."""
+        switch's storm is not an application's failure alone); the rest within the retention
+        only to rule 5's count of failing nodes (whether a storm grew is judged as it would
+        have been without the restart)."""
         while self._feed(since=self.started - REPLAY_HORIZON):
             pass
         self.caught_up = True
@@ -152,6 +154,8 @@ class LiveLoop:
             self.fed.add(row_id)
             if since is None or received_at >= since or self._decided_on(alert):
                 self.engine.receive(wrap([alert]), received_at)
+            elif received_at >= self.started - self.engine.policy.retention_age:
+                self.engine.remember(wrap([alert]), received_at)
         if rows:
             self.fed = {i for i in self.fed if i > self.last_alert - LATE_IDS}
         return len(rows)

@@ -149,6 +149,12 @@ class Delays:
     ib_port_down_for: float = 60.0
     node_down_for: float = 0.0
     hang_after: float = 600.0
+    # A dead link or leaf under a job: None, its ranks wait in a collective until
+    # collective_timeout (the conservative model); seconds, NCCL's InfiniBand transport reports
+    # the error this soon (NCCL_IB_TIMEOUT 18 is 4.096 us x 2^18 = 1.07 s a try, NCCL_IB_RETRY_CNT
+    # 7 retries: about 9 s; PyTorch's watchdog then takes the process down) and the ranks log
+    # it (TrainingNcclError). A hang of the job itself still waits the collective timeout.
+    fabric_error: float | None = None
     # How long the rules hold an event as evidence (job-log lines, XIDs): joblog_window.
     window: float = 600.0
     # From a requeue to its next attempt's start: the playbook's run, Slurm's requeue (the

@@ -62,11 +62,29 @@ def as_markdown(outcomes: list[Outcome], head: str) -> str:
     for o in outcomes:
         row = o.to_json()
         lines.append("| " + " | ".join(_cell(k, row[k]) for k, _ in COLUMNS) + " |")
+    lines += ["", *lost_markdown(outcomes)]
     for o in outcomes:
         if o.guards:
             said = ", ".join(f"{g} {n}" for g, n in o.guards.items())
             lines.append(f"\n{o.policy}: decisions a guard changed: {said}")
     return "\n".join(lines) + "\n"
+
+
+def lost_markdown(outcomes: list[Outcome]) -> list[str]:
+    """GPU-hours lost by the kind of fault that caused them, one column a policy."""
+    kinds = sorted({k for o in outcomes for k in o.lost_by_kind})
+    lines = [
+        "GPU-hours lost, by what caused the loss (a fault's kind: the work its attempts did not"
+        " save, their restarts and the waits until the next start; start: the wait for a first"
+        " start; needless: attempts requeued or stopped with nothing wrong)",
+        "",
+        "| cause | " + " | ".join(o.policy for o in outcomes) + " |",
+        "|" + "---|" * (len(outcomes) + 1),
+    ]
+    for k in kinds:
+        cells = " | ".join(f"{o.lost_by_kind.get(k, 0.0):,.0f}" for o in outcomes)
+        lines.append(f"| {k} | {cells} |")
+    return lines
 
 
 def rows(outcomes: list[Outcome]) -> list[list[Any]]:

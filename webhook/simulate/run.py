@@ -32,11 +32,16 @@ class Outcome:
     # The core's decisions a guard changed, by guard (slurmedic only): why it stopped or
     # escalated instead of requeueing.
     guards: dict[str, int] = field(default_factory=dict)
+    # GPU-hours lost by the kind of fault that caused the loss (World's Tally.lost): they add
+    # up to gpu_hours_lost.
+    lost_by_kind: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The figures; not the run's wall-clock time, so that one trace prints the same."""
         out = asdict(self)
-        out.update(out.pop("tally"))
+        tally = out.pop("tally")
+        tally.pop("lost", None)
+        out.update(tally)
         del out["seconds"]
         return out
 
@@ -80,7 +85,13 @@ def simulate(
         decisions=len(decided),
         seconds=time.perf_counter() - began,
         guards=dict(Counter(d.guard for d in decided if d.guard).most_common()),
+        lost_by_kind=_lost_by_kind(world),
     )
+
+
+def _lost_by_kind(world: World) -> dict[str, float]:
+    hours = {k: v / 3600 for k, v in sorted(world.tally.lost.items())}
+    return {k: v for k, v in hours.items() if abs(v) >= 0.5}  # none lost: not a row
 
 
 def _ettr(cfg: SimConfig, world: World) -> dict[str, float]:

@@ -36,6 +36,11 @@ def node_name(i: int) -> str:
     return f"gpu{i + 1:05d}"
 
 
+# The loss breakdown's names for what is not a fault of the trace.
+START = "start"  # first starts and their queue
+NEEDLESS = "needless"  # an attempt a policy requeued or stopped with nothing wrong
+
+
 @dataclass
 class SimNode:
     index: int
@@ -63,6 +68,16 @@ class SimJob:
     productive: float = 0.0
     attempts: int = 0
     not_before: float = 0.0  # a requeued job starts no sooner
+    # The kind of fault the current attempt answers for (START for its first), and when the
+    # job last stopped training (its last attempt's end): the loss breakdown's bookkeeping.
+    cause: str = START
+    idle_since: float = 0.0
+
+    @property
+    def share(self) -> float:
+        """The share of training time that is training, checkpoint writes aside."""
+        every = self.cls.checkpoint_every.total_seconds()
+        return every / (every + self.cls.checkpoint_write.total_seconds())
 
     @property
     def running(self) -> bool:
@@ -95,6 +110,10 @@ class Tally:
     alerts: int = 0
     failures: int = 0  # failures that hit a job (recurrences included)
     owner_restarts: int = 0  # failed jobs nobody had acted on when their owner looked
+    # GPU-seconds of training lost against the ideal run, by the kind of fault that ended the
+    # attempt (its unsaved work, its restart, and the wait until the next attempt starts); an
+    # attempt no fault ended answers for the fault that made it. START: the first queue.
+    lost: dict[str, float] = field(default_factory=dict)
 
 
 class World:
@@ -364,6 +383,10 @@ class World:
             self.later(t + d.crash, lambda: self._ended(attempt, "FAILED"))
         elif f.kind == "node":
             self.later(t + d.slurmd_timeout, lambda: self._ended(attempt, "NODE_FAIL"))
+        elif f.kind in ("link", "switch") and d.fabric_error is not None:
+            error = t + d.fabric_error  # NCCL's transport gives up on the dead link
+            self._job_alerts(job, error, "TrainingNcclError", "nccl_timeout")
+            self.later(error + d.crash, lambda: self._ended(attempt, "FAILED"))
         else:  # link, switch, hang: every rank waits in a collective until it times out
             timeout = t + d.collective_timeout
             end = timeout + d.crash
@@ -400,7 +423,9 @@ class World:
             self.on_owner(fault, job)
 
     def _end_attempt(self, job: SimJob, state: str) -> None:
-        job.productive += job.saved(self.now)
+        saved = job.saved(self.now)
+        job.productive += saved
+        self._charge(job, saved)
         job.state, job.ended = state, self.now
         for i in job.nodes:
             self.nodes[i].job = None
@@ -521,7 +546,22 @@ class World:
                 chosen += rest[: job.cls.nodes - len(chosen)]
             self._start(job, chosen[: job.cls.nodes])
 
+    def _charge(self, job: SimJob, saved: float, *, ended: bool = True) -> None:
+        """The attempt ends now: what it did not save is charged to the fault that ended it,
+        or, when none did, to the one it answers for."""
+        if job.fault is not None:
+            job.cause = job.fault.kind
+        elif ended:
+            job.cause = NEEDLESS  # requeued or stopped with nothing wrong
+        lost = (self.now - job.started) * job.share - saved
+        if job.attempts == 1:  # the ideal run starts the job once too
+            lost -= job.cls.restart.total_seconds() * job.share
+        self.tally.lost[job.cause] = self.tally.lost.get(job.cause, 0.0) + lost * job.gpus
+        job.idle_since = self.now
+
     def _start(self, job: SimJob, nodes: list[int]) -> None:
+        waited = (self.now - job.idle_since) * job.share * job.gpus
+        self.tally.lost[job.cause] = self.tally.lost.get(job.cause, 0.0) + waited
         job.nodes, job.state, job.started, job.ended = nodes, "RUNNING", self.now, None
         job.stalled, job.fault = None, None
         job.attempts += 1
@@ -566,5 +606,10 @@ class World:
         """The span ends: credit what every running attempt trained."""
         for job in self.jobs.values():
             if job.running:  # a stalled attempt still loses what it had not checkpointed
-                job.productive += job.saved(self.now, last=job.stalled is None)
+                saved = job.saved(self.now, last=job.stalled is None)
+                job.productive += saved
+                self._charge(job, saved, ended=False)
                 job.state = "ENDED"
+            else:  # still waiting: charged up to the end
+                waited = (self.now - job.idle_since) * job.share * job.gpus
+                self.tally.lost[job.cause] = self.tally.lost.get(job.cause, 0.0) + waited
