@@ -231,14 +231,8 @@ class Engine:
                 if not inc.decided and inc.check_at is not None and job is not None and job.failed:
                     self._look_by(inc, settle)  # a stall's wait ends with the job: no more comes
                 # Slurm requeued the job by itself (its attempt moved on): the attempt this
-                # incident watched has ended, and what ends later is another attempt's; but
-                # for a storm's escalation, not when Slurm put it back under the switch (the
-                # storm's alerts, still firing, open no incident of that attempt).
-                moved_on = (
-                    job is not None
-                    and _attempt(inc) < job.restarts
-                    and not (_storm_nodes(inc) & set(job.nodes))
-                )
+                # incident watched has ended, and what ends later is another attempt's.
+                moved_on = job is not None and _attempt(inc) < job.restarts
                 if inc.until_job_ends and (job is None or job.has_ended or moved_on):
                     inc.until_job_ends = False
                     # Only a failure is news: a job that completed, or that its owner cancelled,
@@ -519,13 +513,6 @@ def _attempt(inc: Incident) -> int:
     """The attempt an incident of a job is about (its key's restart count)."""
     attempt = IncidentKey.parse(inc.key).attempt
     return attempt if attempt is not None else 0
-
-
-def _storm_nodes(inc: Incident) -> set[str]:
-    """The nodes a storm's escalation would move its job off (rule 5's judgement)."""
-    if not any(d.cause == SHARED for d in inc.standing):
-        return set()
-    return {n for _, _, away in inc.shared.values() for n in away}
 
 
 def until_job_ends(made: Iterable[Decision], job: Job | None, *, shared: bool = False) -> bool:

@@ -123,16 +123,13 @@ def moved_on(d: Decision, ctx: Context) -> Outcome:
     """The attempt that failed is not the job's any more: Slurm (or a person) requeued it, and
     the next attempt has started since. Requeueing or stopping the job now would act on that
     attempt, which this failure is not (drains still hold; while the next attempt waits, a
-    requeue adds the nodes to blame to its exclusions). Not a requeue away from a storm whose
-    switch the next attempt runs under again."""
+    requeue adds the nodes to blame to its exclusions)."""
     job = ctx.job
     if not _planned(d, "requeue", "stop") or job is None or job.waiting:
         return _keep(d)
     attempt = IncidentKey.parse(d.incident).attempt
     if attempt is None or attempt >= job.restarts:
         return _keep(d)
-    if d.cause == SHARED and set(d.exclude) & set(job.nodes):
-        return _keep(d)  # placed back under the storm's switch: it failed of the same cause
     now = "runs" if job.active else f"ended {job.state}"
     why = (
         f"attempt {attempt} of job {job.id} was requeued without slurmedic and attempt "

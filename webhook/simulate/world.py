@@ -612,4 +612,6 @@ class World:
                 job.state = "ENDED"
             else:  # still waiting: charged up to the end
                 waited = (self.now - job.idle_since) * job.share * job.gpus
+                if job.attempts == 0:  # never started: the ideal run's start-up is not lost
+                    waited -= job.cls.restart.total_seconds() * job.share * job.gpus
                 self.tally.lost[job.cause] = self.tally.lost.get(job.cause, 0.0) + waited
