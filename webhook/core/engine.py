@@ -45,7 +45,7 @@ from webhook.core.cluster import ClusterView, Job
 from webhook.core.decisions import SCHEDULER_ACTIONS, Decision, GuardState, PastAction
 from webhook.core.evidence import Evidence, from_alert
 from webhook.core.guards import decide
-from webhook.core.incidents import IncidentKey
+from webhook.core.incidents import IncidentKey, attempt_of
 from webhook.core.policy import SHARED, Policy
 from webhook.core.shared_cause import FailingNodes, Judged, Judgement, SharedCauses
 from webhook.core.signals import HARDWARE
@@ -232,7 +232,7 @@ class Engine:
                     self._look_by(inc, settle)  # a stall's wait ends with the job: no more comes
                 # Slurm requeued the job by itself (its attempt moved on): the attempt this
                 # incident watched has ended, and what ends later is another attempt's.
-                moved_on = job is not None and _attempt(inc) < job.restarts
+                moved_on = job is not None and attempt_of(inc.key) < job.restarts
                 if inc.until_job_ends and (job is None or job.has_ended or moved_on):
                     inc.until_job_ends = False
                     # Only a failure is news: a job that completed, or that its owner cancelled,
@@ -394,9 +394,10 @@ class Engine:
             incident.shared = judged.now
             # A job that ended (a fault, scancel, its time limit) has nothing more to say: its
             # ranks are gone. Its nodes' own alerts may still come (blame_wait).
-            ended = job is not None and job.has_ended
-            wait = min(self.policy.blame_wait, self.policy.hang_wait) if ended else None
-            wait_until = incident.opened_at + (wait if wait is not None else self.policy.hang_wait)
+            wait = self.policy.hang_wait
+            if job is not None and job.has_ended:
+                wait = min(self.policy.blame_wait, wait)
+            wait_until = incident.opened_at + wait
             waits = stall_only(attr, incident.evidence)
             if not incident.decided and waits and now < wait_until:
                 incident.check_at = wait_until  # evidence that arrives sooner looks sooner
@@ -507,12 +508,6 @@ class Engine:
         job = self.view.jobs.get(inc.job)
         attempt = IncidentKey.parse(inc.key).attempt
         return job is None or attempt is None or attempt < job.restarts - 1
-
-
-def _attempt(inc: Incident) -> int:
-    """The attempt an incident of a job is about (its key's restart count)."""
-    attempt = IncidentKey.parse(inc.key).attempt
-    return attempt if attempt is not None else 0
 
 
 def until_job_ends(made: Iterable[Decision], job: Job | None, *, shared: bool = False) -> bool:

@@ -100,10 +100,7 @@ def _ettr(cfg: SimConfig, world: World) -> dict[str, float]:
     productive = sum(j.productive * j.gpus for j in world.jobs.values())
     # The same jobs with no failure: one start-up each, then checkpointed training.
     ideal = sum(
-        j.gpus
-        * (span - j.cls.restart.total_seconds())
-        * _share(j.cls.checkpoint_every.total_seconds(), j.cls.checkpoint_write.total_seconds())
-        for j in world.jobs.values()
+        j.gpus * (span - j.cls.restart.total_seconds()) * j.share for j in world.jobs.values()
     )
     largest = max(world.jobs.values(), key=lambda j: (j.gpus, -j.id))
     return {
@@ -111,10 +108,6 @@ def _ettr(cfg: SimConfig, world: World) -> dict[str, float]:
         "ettr_largest": largest.productive / span,
         "gpu_hours_lost": (ideal - productive) / 3600,
     }
-
-
-def _share(every: float, write: float) -> float:
-    return every / (every + write)
 
 
 def compare(

@@ -556,12 +556,18 @@ class World:
         lost = (self.now - job.started) * job.share - saved
         if job.attempts == 1:  # the ideal run starts the job once too
             lost -= job.cls.restart.total_seconds() * job.share
-        self.tally.lost[job.cause] = self.tally.lost.get(job.cause, 0.0) + lost * job.gpus
+        self._lose(job, lost * job.gpus)
         job.idle_since = self.now
 
+    def _lose(self, job: SimJob, gpu_seconds: float) -> None:
+        self.tally.lost[job.cause] = self.tally.lost.get(job.cause, 0.0) + gpu_seconds
+
+    def _waited(self, job: SimJob) -> float:
+        """GPU-seconds of training the job has lost waiting since its last attempt ended."""
+        return (self.now - job.idle_since) * job.share * job.gpus
+
     def _start(self, job: SimJob, nodes: list[int]) -> None:
-        waited = (self.now - job.idle_since) * job.share * job.gpus
-        self.tally.lost[job.cause] = self.tally.lost.get(job.cause, 0.0) + waited
+        self._lose(job, self._waited(job))
         job.nodes, job.state, job.started, job.ended = nodes, "RUNNING", self.now, None
         job.stalled, job.fault = None, None
         job.attempts += 1
@@ -611,7 +617,7 @@ class World:
                 self._charge(job, saved, ended=False)
                 job.state = "ENDED"
             else:  # still waiting: charged up to the end
-                waited = (self.now - job.idle_since) * job.share * job.gpus
+                waited = self._waited(job)
                 if job.attempts == 0:  # never started: the ideal run's start-up is not lost
                     waited -= job.cls.restart.total_seconds() * job.share * job.gpus
-                self.tally.lost[job.cause] = self.tally.lost.get(job.cause, 0.0) + waited
+                self._lose(job, waited)
