@@ -88,6 +88,7 @@ class JobSpec(_Model):
     restarts: int = Field(default=0, ge=0)
     comment: str = ""
     started: datetime | None = None
+    ended: datetime | None = None  # a job that ended before the scenario starts: when
 
 
 class ClusterSpec(_Model):
@@ -228,6 +229,7 @@ def build_view(spec: ClusterSpec) -> ClusterView:
                 restarts=j.restarts,
                 comment=j.comment,
                 started=j.started,
+                ended=j.ended,
             )
         )
     return view

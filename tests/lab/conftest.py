@@ -254,9 +254,23 @@ def slurmedic_story(cfg: LabConfig, ledger: Ledger, job: int) -> str:
             for _, at, a in ledger.alerts_after(0)
             if a.labels.get("slurm_job_id") in (str(job), None, "")
         ]
+        # startsAt says whether an alert without the job label began before the job ran
+        # there (an earlier test's, delivered late) or during it (the exporter's job mapping).
         return [
-            f"{at:%H:%M:%S} {a.status} {a.labels.get('alertname')} {dict(a.labels)}"
+            f"{at:%H:%M:%S} {a.status} {a.labels.get('alertname')} startsAt "
+            f"{a.startsAt:%H:%M:%S} {dict(a.labels)}"
             for at, a in ours[-15:]
+        ]
+
+    def in_slurm() -> list[str]:
+        info = manage.show_job(cfg, job)
+        keys = ("JobState", "Restarts", "SubmitTime", "StartTime", "EndTime", "NodeList")
+        return [" ".join(f"{k}={info.get(k)}" for k in keys)]
+
+    def silenced() -> list[str]:
+        return [
+            f"since {s['startsAt']} { ({m['name']: m['value'] for m in s['matchers']}) }"
+            for s in api.silences(cfg, SILENCER)
         ]
 
     def in_prometheus() -> list[str]:
@@ -279,8 +293,10 @@ def slurmedic_story(cfg: LabConfig, ledger: Ledger, job: int) -> str:
 
     part("decisions", decisions)
     part(f"alert events stored (job {job} or none)", stored)
+    part("the job in Slurm", in_slurm)
     part("ALERTS in Prometheus", in_prometheus)
     part("in Alertmanager", in_alertmanager)
+    part("silences of earlier tests' alerts", silenced)
     part("slurmedic.out", log_tail)
     return "\n".join(lines)
 

@@ -155,10 +155,10 @@ def test_a_restart_before_the_ledger_begins_is_not_taken_for_a_first_failure(
 
     loop = LiveLoop(ledger, load_policy({"settle_seconds": 5}), failed, clock=clock)
     assert loop.engine.guards.memory_since == T0
-    # Every rank timed out: a hang, nobody to blame.
+    # Every rank timed out: a hang, nobody to blame (and no node's alert within blame_wait).
     for job, node in ((8, "gpu04"), (8, "gpu06"), (9, "gpu05"), (9, "gpu07")):
         nccl_timeout(ledger, node, job, T0 + timedelta(minutes=2))
-    clock.now = T0 + timedelta(minutes=3)
+    clock.now = T0 + timedelta(minutes=5)
     decided = {(d.job, d.action, d.guard) for d in loop.step() if d.job in (8, 9)}
     assert decided == {(8, "escalate", "unseen_restart"), (9, "requeue", None)}
     (why,) = [r.reason for r in ledger.decisions(50) if r.job == 8]

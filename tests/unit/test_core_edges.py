@@ -160,3 +160,42 @@ def test_an_idle_node_already_drained_is_not_drained_again() -> None:
         for d in e.tick(T0 + timedelta(seconds=10))
     }
     assert got == {("gpu01",): ("none", "already_drained"), ("gpu02",): ("drain", None)}
+
+
+def test_a_late_node_alert_that_joined_an_approved_decision_is_the_node_s_own_failure() -> None:
+    """Approve mode. Job 1 crashes (its traceback) and ends; its incident is decided: stop,
+    awaiting approval. A person approves and the stop runs. gpu02's XID, starting within
+    node_alert_lag of the job's end, arrives before the loop has learnt that: it joins the job's
+    incident, which the loop then closes as carried out. The XID is not lost with it: it goes
+    back as the failure of the idle gpu02, and gpu02 is drained."""
+    v = view()
+    ended = T0 + timedelta(seconds=6)
+    v.set_job(
+        Job(
+            id=1,
+            nodes=("gpu01", "gpu02"),
+            partition="train",
+            state="FAILED",
+            started=T0 - timedelta(hours=1),
+            ended=ended,
+        )
+    )
+    e = engine(v, mode="approve")
+    opened = T0 + timedelta(seconds=20)
+    e.receive(
+        alert(T0 + timedelta(seconds=10), signal="app_error", node="gpu02", slurm_job_id="1"),
+        opened,
+    )
+    (stop,) = e.tick(opened + timedelta(seconds=10))
+    assert (stop.incident, stop.action, stop.state) == ("1.0", "stop", "awaiting_approval")
+    xid_at = ended + timedelta(seconds=100)
+    got = e.receive(
+        alert(xid_at, signal="gpu_hw", node="gpu02", xid="79"), xid_at + timedelta(seconds=5)
+    )
+    assert got.incidents == ("1.0",)
+    e.close(k for k in e.revisable() if k == "1.0")  # the ledger says the stop ran
+    assert [ev.signal for ev in e.incidents["1.0"].evidence] == ["app_error"]
+    decided = e.tick(xid_at + timedelta(seconds=30))
+    assert [(d.incident, d.action, tuple(d.nodes)) for d in decided] == [
+        ("node:gpu02", "drain", ("gpu02",))
+    ]

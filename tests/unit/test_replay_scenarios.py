@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook.replay import matches, replay_json
+from webhook.replay import load, matches, replay_json, run
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "scenarios"
@@ -80,3 +80,17 @@ def test_scenario(path: Path) -> None:
     for never in expect.get("never", []):
         bad = [d for d in decisions if matches(d, never, overlap=True)]
         assert not bad, f"never {never}; got {bad}"
+
+
+def test_node_alert_lag_0_makes_a_late_alert_an_idle_node_s_failure() -> None:
+    """The same crash as decide-xid-after-the-job-crashed-joins-its-failure with the lag
+    off: the traceback alone decides the job's incident (an application failure, stopped), and
+    the XID that came after the job's end is a failure of the idle gpu02."""
+    scenario = load(
+        REPO / "tests" / "scenarios" / "decide-xid-after-the-job-crashed-joins-its-failure.yaml"
+    )
+    off = scenario.model_copy(update={"policy": {"node_alert_lag": "0s"}})
+    got = {(d.incident, d.action, d.cause) for d in run(off)}
+    assert ("3110.0", "stop", "application") in got
+    assert ("node:gpu02", "drain", "gpu_hardware") in got
+    assert not any(i == "3110.0" and a in ("drain", "requeue") for i, a, _ in got)

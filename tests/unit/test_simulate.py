@@ -168,14 +168,17 @@ def test_a_dead_link_nccl_reports_at_once_is_requeued_after_the_node_s_drain():
     """A link dies under the big job. Hanging until the collective timeout, the job is still
     running when the port-down alert comes: drain and requeue off the node. With NCCL's
     transport error (fabric_error) the job fails in seconds, before that alert: with blame_wait
-    its blameless requeue comes after the node's drain (once); without the wait (the default),
-    the next attempt lands on the dead link and fails again."""
+    (the default) the alert joins the job's failure, drained and requeued away from at once;
+    without the wait the blind requeue comes first, and the next attempt lands on the dead link
+    and fails again."""
     fault = [Fault(2 * H, "link", 5)]
     quick = replace(delays(), fabric_error=10.0)
     waits = load_policy({"blame_wait": "2m"})
     hangs = simulate(small(), "slurmedic", policy=waits, faults=fault)
     errors = simulate(small(), "slurmedic", policy=waits, delays=quick, faults=fault)
-    hasty = simulate(small(), "slurmedic", policy=load_policy({}), delays=quick, faults=fault)
+    hasty = simulate(
+        small(), "slurmedic", policy=load_policy({"blame_wait": "0s"}), delays=quick, faults=fault
+    )
     for o in (hangs, errors):
         assert (o.tally.drains, o.tally.healthy_drained, o.tally.requeues) == (1, 0, 1)
     assert (hasty.tally.drains, hasty.tally.requeues, hasty.tally.failures) == (1, 2, 2)

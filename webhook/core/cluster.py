@@ -166,22 +166,38 @@ class ClusterView:
     def valid_node(self, name: str) -> bool:
         return bool(NODE_NAME.match(name)) and name in self.nodes
 
+    def _held(self, node: str) -> list[Job]:
+        """Every job the view places on `node`, whatever its state."""
+        if self._by_node is None:
+            index: dict[str, list[Job]] = {}
+            for j in self.jobs.values():
+                for n in j.nodes:
+                    index.setdefault(n, []).append(j)
+            self._by_node = index
+        return self._by_node.get(node, [])
+
     def jobs_on(self, node: str, at: datetime | None = None) -> list[Job]:
         """Jobs that held `node` at `at` (now, without `at`).
 
         A job that has ended since (NODE_FAIL, FAILED, ...) still counts when it ended at or
         after `at`, or when Slurm did not say when: the alert may arrive after Slurm noticed.
         """
-        if self._by_node is None:
-            index: dict[str, list[Job]] = {}
-            for j in self.jobs.values():
-                if j.active or j.interrupted:
-                    for n in j.nodes:
-                        index.setdefault(n, []).append(j)
-            self._by_node = index
         return [
-            j for j in self._by_node.get(node, []) if (j.active if at is None else _ran_at(j, at))
+            j
+            for j in self._held(node)
+            if (j.active or j.interrupted) and (j.active if at is None else _ran_at(j, at))
         ]
+
+    def failed_last_on(self, node: str, after: datetime, before: datetime) -> Job | None:
+        """The job that last ran on `node` before `before`, when its attempt failed (a fault,
+        not by choice) between `after` and `before` and Slurm still shows it so (not requeued
+        since): none when another job started there after it."""
+        held = [j for j in self._held(node) if j.started is not None and j.started <= before]
+        if not held:
+            return None
+        last = max(held, key=lambda j: (j.started, j.id))
+        failed = last.failed and last.ended is not None and after <= last.ended <= before
+        return last if failed else None
 
     def switch_of(self, node: str) -> str | None:
         return self.nodes[node].switch if node in self.nodes else None

@@ -3,6 +3,11 @@
 State: the alerts seen (fingerprint + startsAt, so re-deliveries change nothing), the incidents
 (keys: webhook.core.incidents), rule 5's count of failing nodes and the guards' memory.
 
+Which incident: the attempt the alert's job label names (when the view places that job on the
+alert's node), else the attempt(s) that held the node when the alert started, else one that
+failed there within `node_alert_lag` before (a node's alert fires after its job died of the
+fault), else, for evidence against the node itself, a failure of the idle node.
+
 When an incident is decided:
 - `settle_seconds` after its first evidence was received, so that the XID explaining a wave of
   NCCL timeouts is in hand first;
@@ -50,6 +55,9 @@ from webhook.core.policy import SHARED, Policy
 from webhook.core.shared_cause import FailingNodes, Judged, Judgement, SharedCauses
 from webhook.core.signals import HARDWARE
 
+# Causes that say only "stalled": nothing to blame yet.
+STALLED = ("hang", "unknown")
+
 EvidenceKey = tuple[str, datetime]  # fingerprint, startsAt to the second (as the ledger keeps it)
 
 
@@ -77,6 +85,8 @@ class Incident:
     closed: bool = False  # carried out: no more revisions
     # The nodes of its evidence rule 5 covered when it was decided, and why (Judged).
     shared: Judgement = field(default_factory=dict)
+    # Node alerts that joined it for starting just after its job failed (node_alert_lag).
+    joined_late: set[EvidenceKey] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -155,10 +165,23 @@ class Engine:
     def close(self, keys: Iterable[str]) -> None:
         """Incidents whose decisions were carried out: not revised any more."""
         for k in keys:
-            if k in self.incidents:
-                self.incidents[k].closed = True
-                self.incidents[k].check_at = None
-                self._indexed(self.incidents[k])
+            if (inc := self.incidents.get(k)) is None:
+                continue
+            inc.closed, inc.check_at = True, None
+            self._indexed(inc)
+            # A node's late alert that joined it after the decision now carried out (approved
+            # meanwhile), which that decision never saw: the node's own failure, routed again.
+            unseen = inc.joined_late - inc.known
+            if not unseen:
+                continue
+            late = [e for e in inc.evidence if evidence_key(e.fingerprint, e.starts_at) in unseen]
+            inc.evidence = [e for e in inc.evidence if e not in late]
+            inc.joined_late -= unseen
+            for ev in late:
+                known = evidence_key(ev.fingerprint, ev.starts_at)
+                for target in self._incidents_for(ev, ev.received_at):
+                    target.evidence.append(ev)
+                    self._news(target, known, ev.received_at)
 
     def revisable(self) -> list[str]:
         """Decided incidents a revision is due for (the loop asks the ledger which of them were
@@ -265,8 +288,29 @@ class Engine:
             return [self._incident(self._attempt_key(j, ev), j.id, None, at) for j in jobs]
         if ev.signal not in HARDWARE:
             return []  # nothing ran there: only evidence against the node itself matters
+        if late := self._failed_before(ev, at):
+            return late
         key = self._node_key(ev)
         return [self._incident(key, None, ev.node, at)] if key is not None else []
+
+    def _failed_before(self, ev: Evidence, at: datetime) -> list[Incident]:
+        """The attempt that last ran on the node, when it failed within `node_alert_lag` before
+        the alert started and its incident can still take the alert: the alert is late news of
+        its failure, not of an idle node's (a fabric port down fires after its `for: 1m`, and
+        Prometheus's startsAt is when it fired; NCCL reported the dead link in seconds and the
+        job ended before). An attempt whose decision was carried out (requeued, stopped)
+        cannot: the node's failure is then its own, drained as such."""
+        assert ev.node is not None
+        lag = self.policy.node_alert_lag
+        job = self.view.failed_last_on(ev.node, ev.starts_at - lag, ev.starts_at) if lag else None
+        if job is None:
+            return []
+        key = self._attempt_key(job, ev)
+        if key in self.incidents and self.incidents[key].closed:
+            return []
+        incident = self._incident(key, job.id, None, at)
+        incident.joined_late.add(evidence_key(ev.fingerprint, ev.starts_at))
+        return [incident]
 
     def _attempt_key(self, job: Job, ev: Evidence) -> str:
         """The attempt that was running when the failure began: a late alert about the attempt
@@ -394,11 +438,17 @@ class Engine:
             incident.shared = judged.now
             # A job that ended (a fault, scancel, its time limit) has nothing more to say: its
             # ranks are gone. Its nodes' own alerts may still come (blame_wait).
-            wait = self.policy.hang_wait
+            wait, began = self.policy.hang_wait, incident.opened_at
+            waits = stall_only(attr, incident.evidence)
             if job is not None and job.has_ended:
                 wait = min(self.policy.blame_wait, wait)
-            wait_until = incident.opened_at + wait
-            waits = stall_only(attr, incident.evidence)
+                # A stall an alert dates (a hang's last progress) began long before its first
+                # alert: its nodes' own alerts have had their time since.
+                began = min([began, *(e.since for e in incident.evidence if e.since)])
+                # A stall that blames no node waits for them, whatever its ranks said: NCCL's
+                # errors, and the task failures that echo them, come before a port down.
+                waits = waits or (job.failed and not attr.nodes and attr.cause in STALLED)
+            wait_until = began + wait
             if not incident.decided and waits and now < wait_until:
                 incident.check_at = wait_until  # evidence that arrives sooner looks sooner
                 return []

@@ -125,12 +125,20 @@ class Policy(_Strict):
     # collective timeout (10 min) and a minute for the alert to get here. With hang_after close
     # to the collective timeout, (timeout - hang_after) plus a minute is enough.
     hang_wait: Duration = timedelta(minutes=11)
-    # When the job has ended: how long, from when the incident opened, it still waits for
-    # evidence that names a node. Its ranks are gone, but not the node's own alerts (a fabric
-    # port down has `for: 1m`, a silent node shows after a ping or two): NCCL reports a dead
-    # link in seconds, before them. Within hang_wait. Off by default: the goodput simulator
-    # measured it costing more than it saves (docs/simulate.md).
-    blame_wait: Duration = timedelta(0)
+    # When the job has ended: how long, from when the incident opened (or the stall began,
+    # when an alert dates it), it still waits for evidence that names a node. Its ranks are
+    # gone, but not the node's own alerts (a fabric port down has `for: 1m`, a silent node
+    # shows after a ping or two): NCCL reports a dead link in seconds, before them; those
+    # alerts join the job's incident (node_alert_lag). Within hang_wait. 0: requeue at once,
+    # blind (the next attempt can land on the dead link before its drain; docs/simulate.md
+    # measures both).
+    blame_wait: Duration = timedelta(minutes=2)
+    # How late a node's hardware alert (no job label, or one for a job no longer there) may
+    # start after a job on that node failed and still be news of that job's failure: a rule's
+    # `for:` (1m for a fabric port), a scrape and an evaluation. Prometheus's startsAt is when
+    # the alert fired, so a job that died at once (NCCL's transport error, a CUDA error) ends
+    # before it. 0: such an alert is always a failure of the idle node.
+    node_alert_lag: Duration = timedelta(minutes=2)
     retry_budget: RetryBudget = RetryBudget()
     breaker: Breaker = Breaker()
     shared_cause: SharedCause = SharedCause()
@@ -149,6 +157,7 @@ class Policy(_Strict):
         return {
             "settle_seconds": timedelta(seconds=self.settle_seconds),
             "hang_wait": self.hang_wait,
+            "node_alert_lag": self.node_alert_lag,
             "shared_cause.window": self.shared_cause.window,
             "retry_budget.window": self.retry_budget.window,
             "breaker.window": self.breaker.window,
