@@ -442,8 +442,10 @@ def test_a_storm_s_growth_is_judged_the_same_after_a_restart_an_hour_on(
     tmp_path: Path, restart: bool
 ) -> None:
     """Job 43 lost gpu09 six minutes before leaf1's storm (drained, requeued: its incident is
-    closed); a minute after the storm, gpu10 and gpu11 (job 43's) lose their ports: the storm
-    grew to many nodes across jobs, and job 42, failing later, is not moved off leaf1. A
+    closed); a minute after the storm, gpu10 and gpu11 (job 43's) lose their ports: not news
+    for job 43's carried-out decision, which named neither, but their own failures, escalated
+    with the storm; it grew to many nodes across jobs, and job 42, failing later, is not moved
+    off leaf1. A
     restart 70 minutes on judges it the same: alerts no incident was decided on still count
     for rule 5 (found in review: they were not fed again, and the job was moved)."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
@@ -468,7 +470,10 @@ def test_a_storm_s_growth_is_judged_the_same_after_a_restart_an_hour_on(
     clock.now = T0 + timedelta(seconds=70)
     late = T0 + timedelta(seconds=60)
     deliver(ledger, clock.now, *(port_down(n, late) for n in ("gpu10", "gpu11")))
-    assert steps(live, clock) == []
+    assert [(d.incident, d.action, d.cause) for d in steps(live, clock)] == [
+        ("node:gpu10", "escalate", "shared_infrastructure"),
+        ("node:gpu11", "escalate", "shared_infrastructure"),
+    ]
     clock.now = T0 + timedelta(minutes=70)
     if restart:
         live = serve()

@@ -188,16 +188,21 @@ class ClusterView:
             if (j.active or j.interrupted) and (j.active if at is None else _ran_at(j, at))
         ]
 
-    def failed_last_on(self, node: str, after: datetime, before: datetime) -> Job | None:
-        """The job that last ran on `node` before `before`, when its attempt failed (a fault,
-        not by choice) between `after` and `before` and Slurm still shows it so (not requeued
-        since): none when another job started there after it."""
-        held = [j for j in self._held(node) if j.started is not None and j.started <= before]
-        if not held:
-            return None
-        last = max(held, key=lambda j: (j.started, j.id))
-        failed = last.failed and last.ended is not None and after <= last.ended <= before
-        return last if failed else None
+    def failed_on(self, node: str, after: datetime, before: datetime) -> list[Job]:
+        """Jobs whose attempt on `node` failed (a fault, not by choice) between `after` and
+        `before`, with no job started there since, and that Slurm still shows so (not
+        requeued since)."""
+        held = self._held(node)
+        return [
+            j
+            for j in held
+            if j.failed
+            and j.ended is not None
+            and after <= j.ended <= before
+            and not any(
+                o.started is not None and j.ended < o.started <= before for o in held if o is not j
+            )
+        ]
 
     def switch_of(self, node: str) -> str | None:
         return self.nodes[node].switch if node in self.nodes else None

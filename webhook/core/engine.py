@@ -4,9 +4,11 @@ State: the alerts seen (fingerprint + startsAt, so re-deliveries change nothing)
 (keys: webhook.core.incidents), rule 5's count of failing nodes and the guards' memory.
 
 Which incident: the attempt the alert's job label names (when the view places that job on the
-alert's node), else the attempt(s) that held the node when the alert started, else one that
-failed there within `node_alert_lag` before (a node's alert fires after its job died of the
-fault), else, for evidence against the node itself, a failure of the idle node.
+alert's node), else the attempt(s) that held the node when the alert started, else those that
+failed there within `node_alert_lag` before with no job started since (a node's alert fires
+after its job died of the fault), else, for evidence against the node itself, a failure of the
+idle node. An attempt whose decision was carried out takes no hardware evidence on a node its
+decisions did not name: that is the node's own failure.
 
 When an incident is decided:
 - `settle_seconds` after its first evidence was received, so that the XID explaining a wave of
@@ -85,8 +87,6 @@ class Incident:
     closed: bool = False  # carried out: no more revisions
     # The nodes of its evidence rule 5 covered when it was decided, and why (Judged).
     shared: Judgement = field(default_factory=dict)
-    # Node alerts that joined it for starting just after its job failed (node_alert_lag).
-    joined_late: set[EvidenceKey] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -169,19 +169,29 @@ class Engine:
                 continue
             inc.closed, inc.check_at = True, None
             self._indexed(inc)
-            # A node's late alert that joined it after the decision now carried out (approved
-            # meanwhile), which that decision never saw: the node's own failure, routed again.
-            unseen = inc.joined_late - inc.known
-            if not unseen:
+            # Hardware evidence that joined it after the decision now carried out (approved
+            # meanwhile), on a node that decision did not drain: the node's own failure,
+            # routed again (it would otherwise wait in a closed incident for nothing).
+            late = [e for e in inc.evidence if self._unseen_elsewhere(inc, e)]
+            if not late:
                 continue
-            late = [e for e in inc.evidence if evidence_key(e.fingerprint, e.starts_at) in unseen]
             inc.evidence = [e for e in inc.evidence if e not in late]
-            inc.joined_late -= unseen
             for ev in late:
                 known = evidence_key(ev.fingerprint, ev.starts_at)
                 for target in self._incidents_for(ev, ev.received_at):
                     target.evidence.append(ev)
                     self._news(target, known, ev.received_at)
+
+    @staticmethod
+    def _unseen_elsewhere(inc: Incident, ev: Evidence) -> bool:
+        """Whether `ev` is news `inc`'s carried-out decision cannot take: hardware evidence it
+        did not see, on a node none of its decisions named (drained, found drained already,
+        excluded, handed to a person)."""
+        if not inc.closed or ev.node is None or ev.signal not in HARDWARE:
+            return False
+        if evidence_key(ev.fingerprint, ev.starts_at) in inc.known:
+            return False
+        return not any(ev.node in d.nodes or ev.node in d.exclude for d in inc.standing)
 
     def revisable(self) -> list[str]:
         """Decided incidents a revision is due for (the loop asks the ledger which of them were
@@ -279,38 +289,51 @@ class Engine:
             job = self.view.jobs.get(ev.job)
             # A job label is believed when the view confirms it (or names no node to check).
             if job is not None and (ev.node is None or ev.node in job.nodes):
-                return [self._incident(self._attempt_key(job, ev), job.id, None, at)]
+                return self._or_the_node(
+                    [self._incident(self._attempt_key(job, ev), job.id, None, at)], ev, at
+                )
         if ev.node is None:
             return []
         # No job label (or one the view contradicts): the job(s) on the node at startsAt.
         jobs = self.view.jobs_on(ev.node, ev.starts_at)
         if jobs:
-            return [self._incident(self._attempt_key(j, ev), j.id, None, at) for j in jobs]
+            attempts = [self._incident(self._attempt_key(j, ev), j.id, None, at) for j in jobs]
+            return self._or_the_node(attempts, ev, at)
         if ev.signal not in HARDWARE:
             return []  # nothing ran there: only evidence against the node itself matters
         if late := self._failed_before(ev, at):
             return late
+        return self._node_failure(ev, at)
+
+    def _or_the_node(self, attempts: list[Incident], ev: Evidence, at: datetime) -> list[Incident]:
+        """The attempts' incidents, except that hardware evidence their carried-out decisions
+        did not see, on a node they did not drain, is the node's own failure (a GPU that fell
+        off the bus after the job was stopped as the user's bug)."""
+        if not any(self._unseen_elsewhere(inc, ev) for inc in attempts):
+            return attempts
+        kept = [inc for inc in attempts if not self._unseen_elsewhere(inc, ev)]
+        return kept + [n for n in self._node_failure(ev, at) if n not in kept]
+
+    def _node_failure(self, ev: Evidence, at: datetime) -> list[Incident]:
         key = self._node_key(ev)
         return [self._incident(key, None, ev.node, at)] if key is not None else []
 
     def _failed_before(self, ev: Evidence, at: datetime) -> list[Incident]:
-        """The attempt that last ran on the node, when it failed within `node_alert_lag` before
-        the alert started and its incident can still take the alert: the alert is late news of
-        its failure, not of an idle node's (a fabric port down fires after its `for: 1m`, and
-        Prometheus's startsAt is when it fired; NCCL reported the dead link in seconds and the
-        job ended before). An attempt whose decision was carried out (requeued, stopped)
-        cannot: the node's failure is then its own, drained as such."""
+        """The attempts that failed on the node within `node_alert_lag` before the alert
+        started, with no job started there since, when their incidents can still take it: the
+        alert is late news of their failure, not of an idle node's (a fabric port down fires
+        after its `for: 1m`, and Prometheus's startsAt is when it fired; NCCL reported the dead
+        link in seconds and the job ended before). An attempt whose decision was carried out
+        (requeued, stopped) cannot: the node's failure is then its own, drained as such."""
         assert ev.node is not None
         lag = self.policy.node_alert_lag
-        job = self.view.failed_last_on(ev.node, ev.starts_at - lag, ev.starts_at) if lag else None
-        if job is None:
-            return []
-        key = self._attempt_key(job, ev)
-        if key in self.incidents and self.incidents[key].closed:
-            return []
-        incident = self._incident(key, job.id, None, at)
-        incident.joined_late.add(evidence_key(ev.fingerprint, ev.starts_at))
-        return [incident]
+        jobs = self.view.failed_on(ev.node, ev.starts_at - lag, ev.starts_at) if lag else []
+        found = []
+        for job in jobs:
+            key = self._attempt_key(job, ev)
+            if key not in self.incidents or not self.incidents[key].closed:
+                found.append(self._incident(key, job.id, None, at))
+        return found
 
     def _attempt_key(self, job: Job, ev: Evidence) -> str:
         """The attempt that was running when the failure began: a late alert about the attempt
