@@ -199,3 +199,29 @@ def test_a_late_node_alert_that_joined_an_approved_decision_is_the_node_s_own_fa
     assert [(d.incident, d.action, tuple(d.nodes)) for d in decided] == [
         ("node:gpu02", "drain", ("gpu02",))
     ]
+
+
+def test_a_late_node_alert_does_not_revive_a_job_that_failed_before_the_record_begins() -> None:
+    """A slurmedic on a new ledger (its record begins now) receives a node's XID that started
+    a minute after a job there failed: whether that failure was handled (the job stopped, its
+    owner told) is not in its record, so the XID is the node's own failure, and the job is not
+    requeued (found in CI: a new lab test's slurmedic requeued an earlier test's failed job)."""
+    v = view()
+    ended = T0 - timedelta(seconds=30)
+    v.set_job(
+        Job(
+            id=1,
+            nodes=("gpu01", "gpu02"),
+            partition="train",
+            state="FAILED",
+            started=T0 - timedelta(hours=1),
+            ended=ended,
+        )
+    )
+    e = engine(v)
+    xid_at = ended + timedelta(seconds=60)
+    fresh = engine(v)
+    fresh.guards.memory_since = T0
+    for eng, want in ((e, ("1.0",)), (fresh, ("node:gpu02",))):
+        got = eng.receive(alert(xid_at, signal="gpu_hw", node="gpu02", xid="79"), xid_at)
+        assert got.incidents == want

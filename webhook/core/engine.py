@@ -329,7 +329,13 @@ class Engine:
         lag = self.policy.node_alert_lag
         jobs = self.view.failed_on(ev.node, ev.starts_at - lag, ev.starts_at) if lag else []
         found = []
+        since = self.guards.memory_since
         for job in jobs:
+            if since is not None and job.ended is not None and job.ended < since:
+                # It failed before slurmedic's record begins: whether someone handled it since
+                # (stopped it, found the node) is unknown, and a requeue could revive a job
+                # its owner gave up on. The node's failure is its own.
+                continue
             key = self._attempt_key(job, ev)
             if key not in self.incidents or not self.incidents[key].closed:
                 found.append(self._incident(key, job.id, None, at))
