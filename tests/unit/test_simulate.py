@@ -168,9 +168,10 @@ def test_a_dead_link_nccl_reports_at_once_is_requeued_after_the_node_s_drain():
     """A link dies under the big job. Hanging until the collective timeout, the job is still
     running when the port-down alert comes: drain and requeue off the node. With NCCL's
     transport error (fabric_error) the job fails in seconds, before that alert: with blame_wait
-    (the default) the alert joins the job's failure, drained and requeued away from at once;
-    without the wait the blind requeue comes first, and the next attempt lands on the dead link
-    and fails again."""
+    (the default) the job's requeue does not come before the node's drain, and its next attempt
+    runs (the alert joining the job's incident is held by the replay scenario
+    decide-comm-error-waits-for-the-node-s-alert); without the wait the blind requeue comes
+    first, and the next attempt lands on the dead link and fails again."""
     fault = [Fault(2 * H, "link", 5)]
     quick = replace(delays(), fabric_error=10.0)
     waits = load_policy({"blame_wait": "2m"})

@@ -219,10 +219,14 @@ def attribute(
     return unknown(f)
 
 
+def blames_nobody(attr: Attribution) -> bool:
+    """Whether the attribution says only that the job stalled: a hang or an unknown failure,
+    no node named."""
+    return attr.cause in ("hang", "unknown") and not attr.nodes
+
+
 def stall_only(attr: Attribution, evidence: list[Evidence]) -> bool:
     """Whether all an incident can say is "stalled": no node named, and only hang signals and
     NCCL timeouts. Such an incident waits for the evidence that can name a node."""
     signals = {e.signal for e in evidence if e.actionable}
-    return (
-        attr.cause in ("hang", "unknown") and not attr.nodes and bool(signals) and signals <= STALL
-    )
+    return blames_nobody(attr) and bool(signals) and signals <= STALL

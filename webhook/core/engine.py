@@ -4,19 +4,22 @@ State: the alerts seen (fingerprint + startsAt, so re-deliveries change nothing)
 (keys: webhook.core.incidents), rule 5's count of failing nodes and the guards' memory.
 
 Which incident: the attempt the alert's job label names (when the view places that job on the
-alert's node), else the attempt(s) that held the node when the alert started, else those that
-failed there within `node_alert_lag` before with no job started since (a node's alert fires
-after its job died of the fault), else, for evidence against the node itself, a failure of the
-idle node. An attempt whose decision was carried out takes no hardware evidence on a node its
-decisions did not name: that is the node's own failure.
+alert's node), else the attempt(s) that held the node when the alert started; evidence against
+the node itself also goes to the attempts that failed there within `node_alert_lag` before with
+no job started since (a node's alert fires after its job died of the fault; not one that failed
+before slurmedic's record begins), and with none of those, to a failure of the idle node. An
+attempt whose decision was carried out takes no hardware evidence on a node its decisions did
+not name: that is the node's own failure.
 
 When an incident is decided:
 - `settle_seconds` after its first evidence was received, so that the XID explaining a wave of
   NCCL timeouts is in hand first;
 - unless all it can say is "stalled" (a hang signal, NCCL timeouts, nothing that names a node):
   then it waits, up to `hang_wait` after it opened, for the evidence that names one (the silent
-  rank's peers time out a little after the stall is seen). Evidence that arrives during the wait
-  is given a settle window of its own.
+  rank's peers time out a little after the stall is seen); once the job has ended, up to
+  `blame_wait` (its nodes' own alerts fire after a job NCCL's errors ended in seconds), also
+  when its ranks' task failures echo the stall. Evidence that arrives during the wait is given
+  a settle window of its own.
 
 Once decided, an incident is revisited when new evidence arrives for it, or when the job whose
 running made the decision `none` ends. A revision that changes the decisions supersedes them
@@ -47,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from webhook.core.alerts import Payload
-from webhook.core.attribution import Attribution, attribute, stall_only
+from webhook.core.attribution import Attribution, attribute, blames_nobody, stall_only
 from webhook.core.cluster import ClusterView, Job
 from webhook.core.decisions import SCHEDULER_ACTIONS, Decision, GuardState, PastAction
 from webhook.core.evidence import Evidence, from_alert
@@ -56,9 +59,6 @@ from webhook.core.incidents import IncidentKey, attempt_of
 from webhook.core.policy import SHARED, Policy
 from webhook.core.shared_cause import FailingNodes, Judged, Judgement, SharedCauses
 from webhook.core.signals import HARDWARE
-
-# Causes that say only "stalled": nothing to blame yet.
-STALLED = ("hang", "unknown")
 
 EvidenceKey = tuple[str, datetime]  # fingerprint, startsAt to the second (as the ledger keeps it)
 
@@ -170,17 +170,14 @@ class Engine:
             inc.closed, inc.check_at = True, None
             self._indexed(inc)
             # Hardware evidence that joined it after the decision now carried out (approved
-            # meanwhile), on a node that decision did not drain: the node's own failure,
+            # meanwhile), on a node its decisions did not name: the node's own failure,
             # routed again (it would otherwise wait in a closed incident for nothing).
             late = [e for e in inc.evidence if self._unseen_elsewhere(inc, e)]
             if not late:
                 continue
             inc.evidence = [e for e in inc.evidence if e not in late]
             for ev in late:
-                known = evidence_key(ev.fingerprint, ev.starts_at)
-                for target in self._incidents_for(ev, ev.received_at):
-                    target.evidence.append(ev)
-                    self._news(target, known, ev.received_at)
+                self._route(ev, self._incidents_for(ev, ev.received_at), ev.received_at)
 
     @staticmethod
     def _unseen_elsewhere(inc: Incident, ev: Evidence) -> bool:
@@ -224,11 +221,16 @@ class Engine:
                 self.incidents[k] for k in self.decided_on.get(known, ()) if k in self.incidents
             ]
             targets = before or self._incidents_for(ev, at)
-            for incident in targets:
-                incident.evidence.append(ev)
-                touched.add(incident.key)
-                self._news(incident, known, at)
+            touched |= self._route(ev, targets, at)
         return Receipt(new, dup, resolved, tuple(rejected), tuple(sorted(touched)))
+
+    def _route(self, ev: Evidence, targets: list[Incident], at: datetime) -> set[str]:
+        """Give `ev` to its incidents: news for each (the keys)."""
+        known = evidence_key(ev.fingerprint, ev.starts_at)
+        for incident in targets:
+            incident.evidence.append(ev)
+            self._news(incident, known, at)
+        return {incident.key for incident in targets}
 
     def remember(self, payload: Payload, at: datetime) -> None:
         """Alerts from before a restart that are history, not evidence for an incident: rule 5
@@ -262,7 +264,9 @@ class Engine:
             for key in sorted(self._on_job.get(job_id, ())):
                 inc = self.incidents[key]
                 if not inc.decided and inc.check_at is not None and job is not None and job.failed:
-                    self._look_by(inc, settle)  # a stall's wait ends with the job: no more comes
+                    # Its ranks have nothing more to say: look again (blame_wait may still
+                    # hold it for its nodes' own alerts).
+                    self._look_by(inc, settle)
                 # Slurm requeued the job by itself (its attempt moved on): the attempt this
                 # incident watched has ended, and what ends later is another attempt's.
                 moved_on = job is not None and attempt_of(inc.key) < job.restarts
@@ -298,6 +302,11 @@ class Engine:
         jobs = self.view.jobs_on(ev.node, ev.starts_at)
         if jobs:
             attempts = [self._incident(self._attempt_key(j, ev), j.id, None, at) for j in jobs]
+            if ev.signal in HARDWARE:
+                # A job that shared the node and died of the fault before the alert fired is
+                # its victim too (a packed node: the one still running is not the only one).
+                held = {i.key for i in attempts}
+                attempts += [i for i in self._failed_before(ev, at) if i.key not in held]
             return self._or_the_node(attempts, ev, at)
         if ev.signal not in HARDWARE:
             return []  # nothing ran there: only evidence against the node itself matters
@@ -307,12 +316,13 @@ class Engine:
 
     def _or_the_node(self, attempts: list[Incident], ev: Evidence, at: datetime) -> list[Incident]:
         """The attempts' incidents, except that hardware evidence their carried-out decisions
-        did not see, on a node they did not drain, is the node's own failure (a GPU that fell
+        did not see, on a node none of them named, is the node's own failure (a GPU that fell
         off the bus after the job was stopped as the user's bug)."""
-        if not any(self._unseen_elsewhere(inc, ev) for inc in attempts):
-            return attempts
         kept = [inc for inc in attempts if not self._unseen_elsewhere(inc, ev)]
-        return kept + [n for n in self._node_failure(ev, at) if n not in kept]
+        if len(kept) == len(attempts):
+            return attempts
+        keys = {inc.key for inc in kept}
+        return kept + [n for n in self._node_failure(ev, at) if n.key not in keys]
 
     def _node_failure(self, ev: Evidence, at: datetime) -> list[Incident]:
         key = self._node_key(ev)
@@ -476,7 +486,7 @@ class Engine:
                 began = min([began, *(e.since for e in incident.evidence if e.since)])
                 # A stall that blames no node waits for them, whatever its ranks said: NCCL's
                 # errors, and the task failures that echo them, come before a port down.
-                waits = waits or (job.failed and not attr.nodes and attr.cause in STALLED)
+                waits = waits or (job.failed and blames_nobody(attr))
             wait_until = began + wait
             if not incident.decided and waits and now < wait_until:
                 incident.check_at = wait_until  # evidence that arrives sooner looks sooner
