@@ -162,14 +162,9 @@ def test_an_idle_node_already_drained_is_not_drained_again() -> None:
     assert got == {("gpu01",): ("none", "already_drained"), ("gpu02",): ("drain", None)}
 
 
-def test_a_late_node_alert_that_joined_an_approved_decision_is_the_node_s_own_failure() -> None:
-    """Approve mode. Job 1 crashes (its traceback) and ends; its incident is decided: stop,
-    awaiting approval. A person approves and the stop runs. gpu02's XID, starting within
-    node_alert_lag of the job's end, arrives before the loop has learnt that: it joins the job's
-    incident, which the loop then closes as carried out. The XID is not lost with it: it goes
-    back as the failure of the idle gpu02, and gpu02 is drained."""
+def failed_on_gpu01_02(ended: datetime) -> ClusterView:
+    """`view()`, and job 1 on gpu01-02, FAILED at `ended`."""
     v = view()
-    ended = T0 + timedelta(seconds=6)
     v.set_job(
         Job(
             id=1,
@@ -180,6 +175,17 @@ def test_a_late_node_alert_that_joined_an_approved_decision_is_the_node_s_own_fa
             ended=ended,
         )
     )
+    return v
+
+
+def test_a_late_node_alert_that_joined_an_approved_decision_is_the_node_s_own_failure() -> None:
+    """Approve mode. Job 1 crashes (its traceback) and ends; its incident is decided: stop,
+    awaiting approval. A person approves and the stop runs. gpu02's XID, starting within
+    node_alert_lag of the job's end, arrives before the loop has learnt that: it joins the job's
+    incident, which the loop then closes as carried out. The XID is not lost with it: it goes
+    back as the failure of the idle gpu02, and gpu02 is drained."""
+    ended = T0 + timedelta(seconds=6)
+    v = failed_on_gpu01_02(ended)
     e = engine(v, mode="approve")
     opened = T0 + timedelta(seconds=20)
     e.receive(
@@ -206,18 +212,8 @@ def test_a_late_node_alert_does_not_revive_a_job_that_failed_before_the_record_b
     a minute after a job there failed: whether that failure was handled (the job stopped, its
     owner told) is not in its record, so the XID is the node's own failure, and the job is not
     requeued (found in CI: a new lab test's slurmedic requeued an earlier test's failed job)."""
-    v = view()
     ended = T0 - timedelta(seconds=30)
-    v.set_job(
-        Job(
-            id=1,
-            nodes=("gpu01", "gpu02"),
-            partition="train",
-            state="FAILED",
-            started=T0 - timedelta(hours=1),
-            ended=ended,
-        )
-    )
+    v = failed_on_gpu01_02(ended)
     e = engine(v)
     xid_at = ended + timedelta(seconds=60)
     fresh = engine(v)
