@@ -207,17 +207,22 @@ def test_a_late_node_alert_that_joined_an_approved_decision_is_the_node_s_own_fa
     ]
 
 
-def test_a_late_node_alert_does_not_revive_a_job_that_failed_before_the_record_begins() -> None:
+@pytest.mark.parametrize("label", [{}, {"slurm_job_id": "1"}], ids=["lag", "job label"])
+def test_a_job_that_failed_before_the_record_begins_is_not_requeued(label: dict[str, str]) -> None:
     """A slurmedic on a new ledger (its record begins now) receives a node's XID that started
-    a minute after a job there failed: whether that failure was handled (the job stopped, its
-    owner told) is not in its record, so the XID is the node's own failure, and the job is not
-    requeued (found in CI: a new lab test's slurmedic requeued an earlier test's failed job)."""
+    a minute after a job there failed, by the lag or by the job's label: whether that failure
+    was handled (the job stopped, its owner told) is not in its record. The node is drained;
+    the job is not requeued, a person is told (found in CI: a new lab test's slurmedic requeued
+    an earlier test's failed job, which took the nodes the next test needed)."""
     ended = T0 - timedelta(seconds=30)
-    v = failed_on_gpu01_02(ended)
-    e = engine(v)
     xid_at = ended + timedelta(seconds=60)
-    fresh = engine(v)
-    fresh.guards.memory_since = T0
-    for eng, want in ((e, ("1.0",)), (fresh, ("node:gpu02",))):
-        got = eng.receive(alert(xid_at, signal="gpu_hw", node="gpu02", xid="79"), xid_at)
-        assert got.incidents == want
+    for since, want in ((None, "requeue"), (T0, "escalate")):
+        e = engine(failed_on_gpu01_02(ended))
+        e.guards.memory_since = since
+        got = e.receive(alert(xid_at, signal="gpu_hw", node="gpu02", xid="79", **label), xid_at)
+        assert got.incidents == ("1.0",)
+        decided = {
+            (d.action, tuple(d.nodes), d.guard) for d in e.tick(xid_at + timedelta(seconds=10))
+        }
+        guard = "ended_before_record" if since else None
+        assert decided == {("drain", ("gpu02",), None), (want, (), guard)}

@@ -118,6 +118,7 @@ def test_the_docs_name_every_guard_the_stages_record() -> None:
         "out_of_scope",
         "ended_on_purpose",
         "job_completed",
+        "ended_before_record",
         "repeated_failure",
         "unseen_restart",
         "no_requeue",

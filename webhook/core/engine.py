@@ -6,8 +6,8 @@ State: the alerts seen (fingerprint + startsAt, so re-deliveries change nothing)
 Which incident: the attempt the alert's job label names (when the view places that job on the
 alert's node), else the attempt(s) that held the node when the alert started; evidence against
 the node itself also goes to the attempts that failed there within `node_alert_lag` before with
-no job started since (a node's alert fires after its job died of the fault; not one that failed
-before slurmedic's record begins), and with none of those, to a failure of the idle node. An
+no job started since (a node's alert fires after its job died of the fault), and with none of
+those, to a failure of the idle node. An
 attempt whose decision was carried out takes no hardware evidence on a node its decisions did
 not name: that is the node's own failure.
 
@@ -339,13 +339,7 @@ class Engine:
         lag = self.policy.node_alert_lag
         jobs = self.view.failed_on(ev.node, ev.starts_at - lag, ev.starts_at) if lag else []
         found = []
-        since = self.guards.memory_since
         for job in jobs:
-            if since is not None and job.ended is not None and job.ended < since:
-                # It failed before slurmedic's record begins: whether someone handled it since
-                # (stopped it, found the node) is unknown, and a requeue could revive a job
-                # its owner gave up on. The node's failure is its own.
-                continue
             key = self._attempt_key(job, ev)
             if key not in self.incidents or not self.incidents[key].closed:
                 found.append(self._incident(key, job.id, None, at))

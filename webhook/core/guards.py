@@ -183,6 +183,25 @@ def ended_by_choice(d: Decision, ctx: Context) -> Outcome:
     return _keep(d)
 
 
+def ended_before_record(d: Decision, ctx: Context) -> Outcome:
+    """A job that ended before slurmedic's record begins (a new ledger, a lost one) is not
+    requeued, whatever brought its incident (its label on a late alert, an alert on the node it
+    failed on): whether its failure was handled since (the job stopped, its owner told, the
+    node found) is not in the record, and a requeue could revive a job its owner gave up on."""
+    job, since = ctx.job, ctx.guards.memory_since
+    if not _planned(d, "requeue") or job is None or since is None:
+        return _keep(d)
+    if not job.has_ended or job.ended is None or job.ended >= since:
+        return _keep(d)
+    why = (
+        f"job {job.id} ended {job.state} at {job.ended.astimezone(UTC):%Y-%m-%d %H:%M:%SZ}, "
+        f"before slurmedic's record begins ({since.astimezone(UTC):%Y-%m-%d %H:%M:%SZ}): "
+        f"whether its failure was handled is not known; it is not requeued, and a human must "
+        f"look. {ctx.attr.reason}"
+    )
+    return Outcome((replace(_bare(d), action="escalate", guard="ended_before_record", reason=why),))
+
+
 def requeue_once(d: Decision, ctx: Context) -> Outcome:
     """A job that died with nobody to blame is requeued once, noting where it failed first;
     the same again goes to a human, naming the node when it failed first there again."""
@@ -436,6 +455,7 @@ PIPELINE: tuple[tuple[str, Step], ...] = (
     ("job_running", each(job_running)),
     ("scope", each(scope)),
     ("ended_by_choice", each(ended_by_choice)),
+    ("ended_before_record", each(ended_before_record)),
     ("requeue_once", each(requeue_once)),
     ("no_requeue", each(no_requeue)),
     ("opt_in_out", each(opt_in_out)),
