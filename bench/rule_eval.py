@@ -29,6 +29,7 @@ step timestamps move, are one template each: the cost measured is Prometheus'.
     .venv/bin/python -m bench.rule_eval --nodes 16384 --plan     # series and memory, no run
     .venv/bin/python -m bench.rule_eval --nodes 16384 --shard 0/32 --profile scale  # a shard
     .venv/bin/python -m bench.rule_eval --nodes 16384 --shard global/16 --profile scale  # ruler
+    .venv/bin/python -m bench.rule_eval --nodes 16384 --shard jobs:0/4 --profile scale  # training
 
 docs/rule-scale.md has the figures and what they mean.
 """
@@ -48,7 +49,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -725,26 +726,39 @@ def shards_page(c: Cluster, n_shards: int) -> Page:
 class Scope:
     """Which pages a run serves and which rendering (layout) of the rules it evaluates."""
 
-    shard: int | None  # this scrape shard's node-scoped sources only
+    shard: int | None  # this scrape shard's node-scoped sources, or this training ruler's jobs
     shards: int
-    role: str  # all, shard, global
+    role: str  # all, shard, global, jobs (a training ruler: the jobs whose id is K mod N)
 
     @classmethod
     def parse(cls, text: str | None) -> Scope:
         if not text:
             return cls(None, 1, "all")
-        k, _, n = text.partition("/")
+        role, jobs, rest = "shard", text.startswith("jobs:"), text.removeprefix("jobs:")
+        k, _, n = rest.partition("/")
+        bad = f"--shard {text}: K/N (0 <= K < N), global/N or jobs:K/N"
         if not n.isdigit() or int(n) < 1:
-            raise SystemExit(f"--shard {text}: K/N (0 <= K < N) or global/N")
-        if k == "global":
+            raise SystemExit(bad)
+        if k == "global" and not jobs:
             return cls(None, int(n), "global")
         if not k.isdigit() or int(k) >= int(n):
-            raise SystemExit(f"--shard {text}: K/N (0 <= K < N) or global/N")
-        return cls(int(k), int(n), "shard")
+            raise SystemExit(bad)
+        return cls(int(k), int(n), "jobs" if jobs else role)
+
+    def mine(self, c: Cluster) -> Cluster:
+        """The cluster as this side's training and goodput sources see it: a training ruler
+        (jobs:K/N) has the pushed groups of the jobs whose id is K mod N, as ranks would push
+        to the Pushgateway their job id picks."""
+        if self.role != "jobs":
+            return c
+        assert self.shard is not None
+        pick = [j for j in c.jobs if j.id % self.shards == self.shard]
+        stale = [j for j in c.stale if j.id % self.shards == self.shard]
+        return replace(c, jobs=pick, stale=stale)
 
     def node_targets(self, c: Cluster) -> list[tuple[int, list[str]]]:
         targets = list(enumerate(c.targets()))
-        if self.role == "global":
+        if self.role in ("global", "jobs"):
             return []
         if self.shard is None:
             return targets
@@ -753,7 +767,7 @@ class Scope:
     @property
     def profile(self) -> str | None:
         """The rule rendering's layout profile (alert_rules/config.yml) for this side."""
-        return {"all": None, "shard": "shard", "global": "global"}[self.role]
+        return {"all": None, "shard": "shard", "global": "global", "jobs": "global"}[self.role]
 
 
 def build_pages(c: Cluster, scope: Scope) -> tuple[dict[str, Page], list[dict[str, Any]]]:
@@ -777,16 +791,20 @@ def build_pages(c: Cluster, scope: Scope) -> tuple[dict[str, Page], list[dict[st
         add("node", f"/node/{i}", f"node-proxy-{i:03d}:9100", node_page(c, nodes))
         add("mtail", f"/mtail/{i}", f"loghost-{i:03d}:3903", mtail_page(c, events, nodes))
     if scope.role != "shard":
-        ranks = ranks_by_node(c)
+        sub = scope.mine(c)
+        ranks = ranks_by_node(sub)
         for i, nodes in enumerate(c.targets()):
-            page = training_page(c, ranks, nodes)
+            page = training_page(sub, ranks, nodes)
             add("pushgateway", f"/push/{i}", f"pushgateway-{i:03d}:9091", page)
+        add("slurmedic", "/slurmedic", "slurmedic:8080", slurmedic_page(sub))
+    if scope.role in ("all", "global"):  # a training ruler evaluates none of Slurm's rules
         add("slurm", "/slurm", "slurm-exporter:8080", slurm_page(c))
         add("slurmctld-nodes", "/slurmctld/nodes", "slurmctld:6817", slurmctld_page(c, "nodes"))
         add("slurmctld-jobs", "/slurmctld/jobs", "slurmctld:6817", slurmctld_page(c, "jobs"))
-        add("slurmedic", "/slurmedic", "slurmedic:8080", slurmedic_page(c))
     if scope.role == "global":
         add(SHARD_JOB, "/federate", "shards:9090", shards_page(c, scope.shards))
+    if scope.role == "jobs":  # its jobs' GPU counts, federated from the scrape shards (32)
+        add(SHARD_JOB, "/federate", "shards:9090", shards_page(scope.mine(c), 32))
     configs = [
         {"job_name": job, "honor_labels": job in honor, "static_configs": targets}
         for job, targets in jobs.items()
@@ -804,11 +822,14 @@ def estimate(c: Cluster, scope: Scope) -> Counter[str]:
     out["scrape"] = 2 * len(mine) + 5 * 3 * len(targets)  # per-node up of dcgm and node
     out["joblog"] = 2 * sum(1 for e in c.events if e.node in mine)
     if scope.role != "shard":
-        ranks = sum(len(j.nodes) for j in (*c.jobs, *c.stale)) * c.ranks_per_node
+        sub = scope.mine(c)
+        ranks = sum(len(j.nodes) for j in (*sub.jobs, *sub.stale)) * c.ranks_per_node
         out["training"] = ranks * len(c.pushed)
         # status, gres total and used, slurmedic_node_status; drain reasons; the counts
         out["slurm"] = len(c.nodes) * len(PARTITIONS) * 4 + 2 * len(c.drained) + 34
-        out["goodput"] = 2 * sum(1 for j in (*c.jobs, *c.stale) if j.eligible is not None) + 3
+        if scope.role == "jobs":
+            out["slurm"] = len(c.nodes) * len(PARTITIONS)  # slurmedic_node_status only
+        out["goodput"] = 2 * sum(1 for j in (*sub.jobs, *sub.stale) if j.eligible is not None) + 3
         out["slurmedic"] = 2 + 8 + 1
         out["scrape"] += 5 * (len(c.targets()) + 4)
     return out
@@ -953,7 +974,9 @@ def main() -> None:
     p.add_argument("--groups", help="evaluate only these groups (comma-separated names)")
     p.add_argument(
         "--shard",
-        help="K/N: scrape shard K of N (profile shard); global/N: the ruler (profile global)",
+        help="K/N: scrape shard K of N (profile shard); global/N: the ruler (profile global); "
+        "jobs:K/N: a training ruler, the training and goodput rules of the jobs whose id is K "
+        "mod N (profile global)",
     )
     p.add_argument(
         "--full", action="store_true", help="also the series no rule reads (all DCGM fields, ...)"
@@ -982,7 +1005,13 @@ def main() -> None:
         f"{args.ranks_per_node} ranks per node; "
         f"{len(c.node_fault) + len(c.switch)} node faults, "
         f"{sum(1 for j in c.jobs if j.fault)} job faults; scope {scope.role}"
-        + (f" {scope.shard}/{scope.shards}" if scope.role == "shard" else "")
+        + (f" {scope.shard}/{scope.shards}" if scope.role in ("shard", "jobs") else "")
+        + (
+            f": {len(scope.mine(c).jobs):,} jobs, "
+            f"{sum(len(j.nodes) for j in scope.mine(c).jobs) * args.ranks_per_node:,} ranks"
+            if scope.role == "jobs"
+            else ""
+        )
     )
     print(
         "estimated exposed series: "
@@ -1013,6 +1042,8 @@ def main() -> None:
         rules_src = work / "rendered"
         RuleSource().write(rules_src, ",".join(profiles))
     groups = args.groups.split(",") if args.groups else None
+    if scope.role == "jobs" and groups is None:  # what a training ruler evaluates
+        groups = ["slurmedic-training", "slurmedic-training-slow", "slurmedic-goodput"]
     layout = scope.profile or "single"
     patterns = rule_files(rules_src, work / "rules", groups, layout)
 
