@@ -326,3 +326,48 @@ def test_the_requeue_playbook_refuses_a_job_cancelled_since_the_decision(
     assert "never requeues a job that was cancelled" in result.output, result.output
     info = manage.show_job(lab_cfg, job)
     assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0")
+
+
+def test_a_requeue_readmits_what_an_earlier_one_excluded_and_keeps_the_owner_s_exclusion(
+    lab_cfg: LabConfig, submit: Callable[..., int]
+) -> None:
+    """Slurm keeps a job's ExcNodeList for every attempt. A requeue takes out the nodes an
+    earlier requeue excluded that are in service again (`slurmedic_readmit`), adds its own, and
+    leaves the owner's `--exclude` alone (the playbook knows no owner: slurmedic readmits only
+    nodes its own requeues excluded); readmitting all of them clears the list."""
+    owner = lab_cfg.nodes[-1]
+    job = submit(nodes=2, exclude=owner)
+    first = running_nodes(lab_cfg, job)
+
+    def requeue(attempt: int, exclude: list[str], readmit: list[str]) -> list[str]:
+        result = run_playbook(
+            "requeue_job",
+            {
+                "slurmedic_job": job,
+                "slurmedic_attempt": attempt,
+                "slurmedic_exclude": exclude,
+                "slurmedic_readmit": readmit,
+                "slurmedic_slurm_env": lab_cfg.slurm_env(),
+            },
+            check=False,
+            inventory=lab_cfg.etc / "inventory.yml",
+        )
+        assert result.ok, result.output
+        eventually(
+            lambda: int(manage.show_job(lab_cfg, job)["Restarts"]) == attempt + 1,
+            what=f"attempt {attempt + 1}",
+        )
+        shown = manage.show_job(lab_cfg, job)["ExcNodeList"]
+        if shown == "(null)":
+            return []
+        return slurm(lab_cfg, "scontrol", "show", "hostnames", shown).split()
+
+    assert sorted(requeue(0, [first[0]], [])) == sorted([owner, first[0]])
+    second = running_nodes(lab_cfg, job)
+    assert first[0] not in second and owner not in second
+    assert sorted(requeue(1, [second[0]], [first[0]])) == sorted([owner, second[0]])
+    running_nodes(lab_cfg, job)
+    assert requeue(2, [], [second[0]]) == [owner]
+    # Readmitting every node clears the list (`ExcNodeList=`), as for a job with no --exclude.
+    running_nodes(lab_cfg, job)
+    assert requeue(3, [], [owner]) == []

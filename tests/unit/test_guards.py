@@ -21,7 +21,7 @@ from webhook.core.cluster import ClusterView, Job, Node
 from webhook.core.decisions import BreakerOpened, Counted, Decision, GuardState, PastAction, plan
 from webhook.core.engine import Engine
 from webhook.core.evidence import Evidence
-from webhook.core.policy import load_policy
+from webhook.core.policy import SHARED, load_policy
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -135,12 +135,23 @@ def test_the_docs_name_every_guard_the_stages_record() -> None:
 
 # ---- each stage alone -----------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("state", "kept"), [("RUNNING", False), ("FAILED", False), ("PENDING", True)]
+    ("state", "base", "kept"),
+    [
+        ("RUNNING", "", False),
+        ("COMPLETING", "RUNNING", False),
+        ("FAILED", "", False),
+        ("PENDING", "", True),
+        # Slurm's own requeue (NODE_FAIL of a --requeue job): attempt 0 still cleans up, and
+        # the job is PENDING with attempt 1's restart count (seen on Slurm 26.05).
+        ("COMPLETING", "PENDING", True),
+    ],
 )
-def test_moved_on_leaves_a_job_whose_next_attempt_started_alone(state: str, kept: bool) -> None:
+def test_moved_on_leaves_a_job_whose_next_attempt_started_alone(
+    state: str, base: str, kept: bool
+) -> None:
     """Incident 7.0 (attempt 0); Slurm requeued the job by itself: attempt 1 runs or ended (not
     touched), or waits (the requeue adds the exclusions to it)."""
-    c = ctx(GPU, job(state, restarts=1))
+    c = ctx(GPU, job(state, restarts=1, base=base))
     for action in ("requeue", "stop"):
         d = replace(planned(c, "requeue"), action=action)
         out = g.moved_on(d, c)
@@ -149,7 +160,7 @@ def test_moved_on_leaves_a_job_whose_next_attempt_started_alone(state: str, kept
         else:
             assert summary(out) == [("none", "attempt_moved_on", (), ())]
             assert out.decisions[0].reason.startswith("attempt 0 of job 7 was requeued without")
-    same = ctx(GPU, job(state, restarts=0))
+    same = ctx(GPU, job(state, restarts=0, base=base))
     assert g.moved_on(planned(same, "requeue"), same) == g.Outcome((planned(same, "requeue"),))
     drain = planned(c, "drain")
     assert g.moved_on(drain, c) == g.Outcome((drain,))
@@ -522,8 +533,9 @@ def test_the_engine_applies_a_decision_s_effects_to_its_guards() -> None:
         ("RUNNING", "", {"active"}),
         ("COMPLETING", "CANCELLED", {"active", "ended_on_purpose"}),
         ("COMPLETING", "NODE_FAIL", {"active", "failed"}),
-        ("PENDING", "", set()),
-        ("REQUEUED", "", {"has_ended"}),
+        ("COMPLETING", "PENDING", {"active", "waiting"}),
+        ("PENDING", "", {"waiting"}),
+        ("REQUEUED", "", {"has_ended", "waiting"}),
         ("COMPLETED", "", {"has_ended", "completed"}),
         ("FAILED", "", {"has_ended", "interrupted", "failed"}),
         ("NODE_FAIL", "", {"has_ended", "interrupted", "failed"}),
@@ -533,5 +545,85 @@ def test_the_engine_applies_a_decision_s_effects_to_its_guards() -> None:
 )
 def test_a_job_s_state_says_what_it_is(state: str, base: str, flags: set[str]) -> None:
     j = Job(id=1, nodes=(), state=state, base=base)
-    names = ("active", "has_ended", "interrupted", "failed", "ended_on_purpose", "completed")
+    names = (
+        *("active", "waiting", "has_ended", "interrupted", "failed", "ended_on_purpose"),
+        "completed",
+    )
     assert {n for n in names if getattr(j, n)} == flags
+
+
+def test_readmit_takes_back_what_earlier_requeues_excluded_once_in_service() -> None:
+    """Job 7's earlier requeues excluded gpu03 (drained, in service again), gpu04 (still
+    drained), gpu05 (drained, not answering), gpu02 (implicated again), gpu99 (gone) and gpu06
+    (off a failing switch, never drained): the requeue readmits gpu03 only."""
+    drained = ("gpu03", "gpu04", "gpu05", "gpu02", "gpu99")
+    day = T0 - timedelta(days=1)
+    earlier = (
+        PastAction(day, "drain", 7, nodes=drained, cause="gpu_hardware"),
+        PastAction(day, "requeue", 7, exclude=drained, cause="gpu_hardware"),
+        PastAction(T0 - timedelta(hours=2), "requeue", 7, exclude=("gpu06",), cause=SHARED),
+    )
+    v = view(job("FAILED"), drained=("gpu04",))
+    v.nodes["gpu05"] = replace(v.nodes["gpu05"], status="allocated*")
+    c = ctx(GPU, job("FAILED"), history=earlier, v=v)
+    (d,) = g.readmit(planned(c, "requeue"), c).decisions
+    assert (d.action, d.guard, d.exclude, d.readmit) == ("requeue", None, ("gpu02",), ("gpu03",))
+    assert d.reason.endswith("; readmits gpu03 (drained and excluded before, in service again)")
+    fresh = ctx(GPU, job("FAILED"))
+    assert g.readmit(planned(fresh, "requeue"), fresh) == g.Outcome((planned(fresh, "requeue"),))
+    drain = planned(c, "drain")
+    assert g.readmit(drain, c) == g.Outcome((drain,))
+
+
+def test_room_counts_the_nodes_a_requeue_readmits() -> None:
+    """A requeue away from a switch, off gpu01-02, for a job whose earlier requeues excluded
+    gpu03-10 after draining them: all in service again, so the job fits once they are
+    readmitted, and not before."""
+    off = tuple(f"gpu{i:02}" for i in range(3, 11))
+    earlier = (
+        PastAction(T0 - timedelta(days=1), "drain", 7, nodes=off),
+        PastAction(T0 - timedelta(days=1), "requeue", 7, exclude=off),
+    )
+    c = ctx(GPU, job("FAILED"), history=earlier)
+    away = replace(planned(c, "requeue"), cause=SHARED, exclude=("gpu01", "gpu02"))
+    assert summary(g.room(away, c)) == [("none", "no_room", (), ())]
+    (readmitted,) = g.readmit(away, c).decisions
+    assert readmitted.readmit == off
+    assert g.room(readmitted, c) == g.Outcome((readmitted,))
+
+
+@pytest.mark.parametrize(
+    ("state", "base", "ended", "refused"),
+    [
+        ("FAILED", "", -30, True),
+        ("COMPLETING", "FAILED", -30, True),  # still completing: Slurm has its end time
+        ("NODE_FAIL", "", -30, True),
+        ("FAILED", "", 30, False),  # it failed after the record begins
+        ("PENDING", "", -30, False),  # requeued since: it waits again
+    ],
+)
+def test_ended_before_record_refuses_a_requeue_of_a_job_that_ended_before_it(
+    state: str, base: str, ended: int, refused: bool
+) -> None:
+    j = job(state, base=base, ended=T0 + timedelta(seconds=ended))
+    c = replace(ctx(GPU, j), guards=GuardState(memory_since=T0))
+    d = planned(c, "requeue")
+    out = g.ended_before_record(d, c)
+    if not refused:
+        assert out == g.Outcome((d,))
+        return
+    assert summary(out) == [("escalate", "ended_before_record", (), ())]
+    assert out.decisions[0].reason.startswith(f"job 7 ended {state} at 2026-12-01 11:59:30Z")
+    replay = ctx(GPU, j)  # no record's beginning (a replay): nothing is refused
+    assert g.ended_before_record(planned(replay, "requeue"), replay) == g.Outcome(
+        (planned(replay, "requeue"),)
+    )
+
+
+def test_ended_before_record_keeps_what_a_shared_cause_says() -> None:
+    attr = Attribution(SHARED, (), "gpu01-02 time out", shared="leaf1: 5 nodes failing")
+    j = job("FAILED", ended=T0 - timedelta(minutes=1))
+    c = replace(ctx(attr, j), guards=GuardState(memory_since=T0))
+    d = replace(planned(ctx(GPU, j), "requeue"), cause=SHARED)
+    (out,) = g.ended_before_record(d, c).decisions
+    assert out.reason.endswith("look. leaf1: 5 nodes failing; gpu01-02 time out")

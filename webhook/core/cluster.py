@@ -30,6 +30,8 @@ JOB_BASE_STATES = {
 }
 # Ends someone chose (scancel, the job's time limit or deadline, preemption): not faults.
 ENDED_ON_PURPOSE = {"CANCELLED", "TIMEOUT", "DEADLINE", "PREEMPTED"}
+# Slurm's base states of a node that can run a job (SlurmNode.state; replay's `alloc`).
+IN_SERVICE = frozenset({"idle", "alloc", "allocated", "mixed"})
 ENDED_STATES = {
     "NODE_FAIL",
     "FAILED",
@@ -75,6 +77,16 @@ class Node:
     def partitions(self) -> tuple[str, ...]:
         return (self.partition, *self.other_partitions)
 
+    @property
+    def in_service(self) -> bool:
+        """It can take a job: idle, allocated or mixed, responding (no `*`), and not in
+        maintenance, a reservation or invalid."""
+        return (
+            self.state in IN_SERVICE
+            and not self.status.endswith("*")
+            and not self.status.startswith(("maint", "reserved", "inval"))
+        )
+
 
 @dataclass(frozen=True)
 class Job:
@@ -106,8 +118,10 @@ class Job:
 
     @property
     def waiting(self) -> bool:
-        """Waiting to run, or to run again: its current attempt has not started."""
-        return self.state in WAITING_STATES
+        """Waiting to run, or to run again: its current attempt has not started. Also while
+        the attempt Slurm requeued is still COMPLETING (its base state PENDING already, its
+        restart count the next attempt's)."""
+        return self.state in WAITING_STATES or self.base in WAITING_STATES
 
     @property
     def has_ended(self) -> bool:

@@ -47,6 +47,10 @@ class Decision:
     evidence: tuple[dict[str, Any], ...] = ()
     guard: str | None = None
     mode: str = "monitor"
+    # A requeue's nodes that earlier requeues of the job excluded and that are in service
+    # again: taken out of its ExcNodeList (guards.readmit). Not part of the replay contract's
+    # output (its reason says it).
+    readmit: tuple[str, ...] = ()
     state: str = "recorded"
     # 0 for an incident's first decisions; a later revision supersedes the ones before it.
     revision: int = 0
@@ -187,6 +191,13 @@ class GuardState:
             if h.action == "requeue"
             for n in h.exclude
         }
+
+    def drained_and_excluded(self, job: int) -> set[str]:
+        """The nodes the job's earlier requeues excluded that slurmedic drained: back in
+        service, someone resumed them (repaired). A node excluded without a drain (off a
+        failing switch) may look in service while its fabric is still down: not among them."""
+        drained = {n for h in self.history if h.action == "drain" for n in h.nodes}
+        return self.excluded(job) & drained
 
     def blameless_requeue(self, job: int, since: datetime) -> PastAction | None:
         """The job's last requeue for a failure nobody could be blamed for, if any."""

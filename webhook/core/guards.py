@@ -83,7 +83,7 @@ def _planned(d: Decision, *actions: str) -> bool:
 
 def _bare(d: Decision) -> Decision:
     """The decision without what its action would touch: the base of what replaces it."""
-    return replace(d, nodes=(), exclude=())
+    return replace(d, nodes=(), exclude=(), readmit=())
 
 
 def _refuse(d: Decision, guard: str, why: str, ctx: Context) -> Outcome:
@@ -191,13 +191,15 @@ def ended_before_record(d: Decision, ctx: Context) -> Outcome:
     job, since = ctx.job, ctx.guards.memory_since
     if not _planned(d, "requeue") or job is None or since is None:
         return _keep(d)
-    if not job.has_ended or job.ended is None or job.ended >= since:
+    # Also while it is still COMPLETING (Slurm has its end time); not once it waits again.
+    if job.waiting or job.ended is None or job.ended >= since:
         return _keep(d)
+    what = "; ".join(r for r in (ctx.attr.shared, ctx.attr.reason) if r)
     why = (
         f"job {job.id} ended {job.state} at {job.ended.astimezone(UTC):%Y-%m-%d %H:%M:%SZ}, "
         f"before slurmedic's record begins ({since.astimezone(UTC):%Y-%m-%d %H:%M:%SZ}): "
         f"whether its failure was handled is not known; it is not requeued, and a human must "
-        f"look. {ctx.attr.reason}"
+        f"look. {what}"
     )
     return Outcome((replace(_bare(d), action="escalate", guard="ended_before_record", reason=why),))
 
@@ -280,8 +282,22 @@ def died_of_the_storm(
     return failed_at - attr.storm_at <= policy.shared_cause.requeue_away_within
 
 
-# Slurm's base states of a node that can run a job (SlurmNode.state; replay's `alloc`).
-IN_SERVICE = frozenset({"idle", "alloc", "allocated", "mixed"})
+def readmit(d: Decision, ctx: Context) -> Outcome:
+    """A requeue takes back into the job's reach the nodes slurmedic drained and its earlier
+    requeues of the job excluded, once they are in service again (resumed after their repair):
+    Slurm keeps a job's ExcNodeList for every attempt, and a long-lived job would otherwise
+    lose nodes at every failure until it no longer fits. Nodes excluded off a failing switch
+    are not readmitted: Slurm shows them in service while their fabric may still be down.
+    Changes no action (no guard)."""
+    job = ctx.job
+    if not _planned(d, "requeue") or job is None:
+        return _keep(d)
+    nodes, earlier = ctx.view.nodes, ctx.guards.drained_and_excluded(job.id) - set(d.exclude)
+    back = sorted(n for n in earlier if n in nodes and nodes[n].in_service)
+    if not back:
+        return _keep(d)
+    why = f"{d.reason}; readmits {names(back)} (drained and excluded before, in service again)"
+    return _keep(replace(d, readmit=tuple(back), reason=why))
 
 
 def room(d: Decision, ctx: Context) -> Outcome:
@@ -291,17 +307,15 @@ def room(d: Decision, ctx: Context) -> Outcome:
     job = ctx.job
     if not _planned(d, "requeue") or d.cause != SHARED or job is None:
         return _keep(d)
-    # Slurm adds to a job's exclusion (playbooks/requeue_job.yml): the earlier ones hold too.
-    off = set(d.exclude) | ctx.guards.excluded(job.id)
+    # Slurm adds to a job's exclusion (playbooks/requeue_job.yml): the earlier ones hold too,
+    # but for those the requeue readmits.
+    off = set(d.exclude) | (ctx.guards.excluded(job.id) - set(d.readmit))
     usable = [
         n
         for n in ctx.view.nodes.values()
         if (not job.partition or job.partition in n.partitions)
         and n.name not in off
-        and n.state in IN_SERVICE
-        # Not responding, or not taking jobs (maintenance, a reservation, an invalid one).
-        and not n.status.endswith("*")
-        and not n.status.startswith(("maint", "reserved", "inval"))
+        and n.in_service
     ]
     if len(usable) >= len(job.nodes):
         return _keep(d)
@@ -459,6 +473,7 @@ PIPELINE: tuple[tuple[str, Step], ...] = (
     ("requeue_once", each(requeue_once)),
     ("no_requeue", each(no_requeue)),
     ("opt_in_out", each(opt_in_out)),
+    ("readmit", each(readmit)),
     ("room", each(room)),
     ("no_progress", each(no_progress)),
     ("retry_budget", each(retry_budget)),

@@ -70,6 +70,7 @@ def playbook_for(row: DecisionRow) -> tuple[str, dict[str, Any]] | None:
             "slurmedic_job": row.job,
             "slurmedic_attempt": attempt,
             "slurmedic_exclude": row.exclude,
+            "slurmedic_readmit": row.readmit or [],
         }
     if row.action == "stop" and row.job is not None:
         return "stop_job", {"slurmedic_job": row.job, "slurmedic_attempt": attempt}

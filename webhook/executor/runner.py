@@ -52,6 +52,7 @@ class RequeueVars(_Vars):
     slurmedic_job: int = Field(ge=1, lt=10**10)
     slurmedic_attempt: int = Field(ge=0, lt=10**6)
     slurmedic_exclude: list[NodeName] = []
+    slurmedic_readmit: list[NodeName] = []
 
 
 class StopVars(_Vars):

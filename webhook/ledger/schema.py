@@ -99,6 +99,8 @@ class DecisionRow(Base):
     cause: Mapped[str] = mapped_column(String(32))
     nodes: Mapped[list[Any]]
     exclude: Mapped[list[Any]]
+    # A requeue's nodes taken back out of the job's ExcNodeList (guards.readmit); since 0007.
+    readmit: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     reason: Mapped[str] = mapped_column(Text)
     evidence: Mapped[list[Any]]
     # When the failure began (earliest startsAt of the evidence), kept for /metrics.
