@@ -226,3 +226,20 @@ def test_a_job_that_failed_before_the_record_begins_is_not_requeued(label: dict[
         }
         guard = "ended_before_record" if since else None
         assert decided == {("drain", ("gpu02",), None), (want, (), guard)}
+
+
+def test_a_revision_while_the_global_switch_is_on_is_a_record_too() -> None:
+    """An application's XID on a job that keeps training is escalated; the switch to monitor
+    is thrown; then the GPU's hardware XID revises the incident to a drain and a requeue. The
+    revision is decided on a copy of the guards: it holds the switch too."""
+    e = engine(view(j1=("gpu01", "gpu02")), mode="enforce")
+    e.receive(alert(T0, signal="gpu_app", node="gpu01", slurm_job_id="1"), T0)
+    first = e.tick(T0 + timedelta(seconds=10))
+    assert {d.action for d in first} == {"none", "escalate"}
+    e.guards.monitor_forced = True
+    at = T0 + timedelta(seconds=20)
+    e.receive(alert(at, signal="gpu_hw", node="gpu01", slurm_job_id="1"), at)
+    revised = e.tick(at + timedelta(seconds=10))
+    assert {d.action for d in revised} >= {"drain", "requeue"}
+    acts = [d for d in revised if d.action in ("drain", "requeue")]
+    assert {(d.mode, d.state, d.guard) for d in acts} == {("monitor", "recorded", "global_switch")}

@@ -176,6 +176,7 @@ class GuardState:
             breaker_open=self.breaker_open,
             breaker_reset_at=self.breaker_reset_at,
             memory_since=self.memory_since,
+            monitor_forced=self.monitor_forced,
         )
 
     def adopt(self, trial: GuardState) -> None:
