@@ -242,3 +242,41 @@ def test_an_approval_nobody_gives_expires(tmp_path: Path) -> None:
         found = ledger.decision(row.id)
         assert found is not None and found[0].state == "expired"
         assert found[1][-1].detail["note"] == "not approved within 2h: expired, not carried out"
+
+
+def test_a_restart_days_later_still_knows_what_slurm_excludes_and_readmits_it(
+    tmp_path: Path,
+) -> None:
+    """Job 1's XID on gpu01 drains it and requeues the job off it. Three days later (past the
+    retry budget's window and the retention) gpu01 is back in service, slurmedic restarts, and
+    job 1 fails on gpu02: its requeue readmits gpu01, which Slurm still excludes."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5, "mode": "enforce"})
+    clock = Clock()
+    loop = LiveLoop(ledger, policy, view, clock=clock)
+    xid(ledger, "gpu01", 1, T0)
+    clock.now = T0 + timedelta(seconds=10)
+    first = [(d.action, d.exclude) for d in loop.step() if d.job == 1]
+    assert ("requeue", ("gpu01",)) in first and ("drain", ()) in first
+
+    later = T0 + timedelta(days=3)
+
+    def moved_on() -> ClusterView:
+        v = view()
+        v.set_job(Job(id=1, nodes=("gpu02",), partition="train", restarts=1, started=T0))
+        return v
+
+    clock.now = later
+    loop = LiveLoop(ledger, policy, moved_on, clock=clock)
+    loop.step()
+    assert loop.engine.guards.excluded(1) == {"gpu01"}
+    xid(ledger, "gpu02", 1, later)
+    clock.now = later + timedelta(seconds=10)
+    (requeue,) = [d for d in loop.step() if d.job == 1 and d.action == "requeue"]
+    assert (requeue.exclude, requeue.readmit) == (("gpu02",), ("gpu01",))
+    # ... and the engine's own sweep keeps it too, for as long as Slurm knows the job.
+    loop.engine.forget(clock.now + timedelta(days=2))
+    assert loop.engine.guards.excluded(1) == {"gpu02"}
+    loop.engine.update_view(ClusterView(nodes=view().nodes), clock.now)  # job 1 is gone
+    loop.engine.forget(clock.now + timedelta(days=2))
+    assert loop.engine.guards.excluded(1) == set()

@@ -102,6 +102,34 @@ def test_a_dry_run_records_the_same_commands_whatever_the_tasks_are_called(
     assert [r.changed for r in results] == [[], []]
 
 
+@pytest.mark.parametrize(
+    ("shown", "commands"),
+    [
+        # Slurm requeued it by itself: the successor waits (or the attempt it ended is still
+        # cleaned up): the exclusion is widened, in the order Slurm listed it.
+        ("JobState=PENDING", ["scontrol update jobid=7 ExcNodeList=gpu09,gpu04,gpu02"]),
+        ("JobState=COMPLETING", ["scontrol update jobid=7 ExcNodeList=gpu09,gpu04,gpu02"]),
+        # The successor runs: nothing to requeue (where it runs is checked for real).
+        ("JobState=RUNNING", []),
+    ],
+)
+def test_a_job_slurm_requeued_has_its_exclusion_widened_while_its_successor_waits(
+    shown: str, commands: list[str], scontrol: Path
+) -> None:
+    fake = Path(shutil.which("scontrol") or "")
+    job = f"{shown} Reason=None Restarts=1 ExcNodeList=gpu[03,09],gpu04 NodeList=gpu05"
+    hostnames = '  "show hostnames") echo gpu03; echo gpu09; echo gpu04;;\n'
+    fake.write_text(
+        fake.read_text()
+        .replace("JobState=RUNNING Reason=None Restarts=0 ExcNodeList=(null)", job)
+        .replace("esac", hostnames + "esac")
+    )
+    extravars = {**REQUEUE, "slurmedic_readmit": ["gpu03"]}
+    results = [run_playbook("requeue_job", extravars, check=True) for _ in range(2)]
+    assert all(r.ok for r in results), results[0].output[-2000:]
+    assert [r.commands for r in results] == [commands, commands]
+
+
 def test_nothing_to_do_is_recorded_as_no_commands(scontrol: Path, tmp_path: Path) -> None:
     fake = Path(shutil.which("scontrol") or "")
     fake.write_text(fake.read_text().replace("State=ALLOCATED", "State=ALLOCATED+DRAIN"))

@@ -559,20 +559,90 @@ def test_readmit_takes_back_what_earlier_requeues_excluded_once_in_service() -> 
     drained = ("gpu03", "gpu04", "gpu05", "gpu02", "gpu99")
     day = T0 - timedelta(days=1)
     earlier = (
-        PastAction(day, "drain", 7, nodes=drained, cause="gpu_hardware"),
-        PastAction(day, "requeue", 7, exclude=drained, cause="gpu_hardware"),
+        PastAction(day, "drain", 7, nodes=drained, cause="gpu_hardware", incident="7.0"),
+        PastAction(day, "requeue", 7, exclude=drained, cause="gpu_hardware", incident="7.0"),
         PastAction(T0 - timedelta(hours=2), "requeue", 7, exclude=("gpu06",), cause=SHARED),
     )
     v = view(job("FAILED"), drained=("gpu04",))
     v.nodes["gpu05"] = replace(v.nodes["gpu05"], status="allocated*")
-    c = ctx(GPU, job("FAILED"), history=earlier, v=v)
+    c = ctx(GPU, job("FAILED"), history=earlier, v=v, mode="enforce")
     (d,) = g.readmit(planned(c, "requeue"), c).decisions
     assert (d.action, d.guard, d.exclude, d.readmit) == ("requeue", None, ("gpu02",), ("gpu03",))
     assert d.reason.endswith("; readmits gpu03 (drained and excluded before, in service again)")
-    fresh = ctx(GPU, job("FAILED"))
+    fresh = ctx(GPU, job("FAILED"), mode="enforce")
     assert g.readmit(planned(fresh, "requeue"), fresh) == g.Outcome((planned(fresh, "requeue"),))
     drain = planned(c, "drain")
     assert g.readmit(drain, c) == g.Outcome((drain,))
+    # Drains the policy only records never took gpu03 out: in service says nothing of a repair.
+    watched = replace(c, policy=load_policy({"mode": "enforce", "actions": {"drain": "monitor"}}))
+    (kept,) = g.readmit(planned(watched, "requeue"), watched).decisions
+    assert kept.readmit == ()
+
+
+@pytest.mark.parametrize(
+    ("history", "readmitted"),
+    [
+        # Drained for one failure (incident 9.0), excluded off a switch later (7.1): the
+        # exclusion was not for the drain.
+        (
+            (
+                PastAction(T0 - timedelta(days=3), "drain", 9, nodes=("gpu03",), incident="9.0"),
+                PastAction(
+                    T0 - timedelta(days=1), "requeue", 7, exclude=("gpu03",), incident="7.1"
+                ),
+            ),
+            set(),
+        ),
+        # Drained and excluded (7.0), resumed, then drained again for a new failure (node
+        # incident): the new drain is not carried out yet, or failed.
+        (
+            (
+                PastAction(T0 - timedelta(days=3), "drain", 7, nodes=("gpu03",), incident="7.0"),
+                PastAction(
+                    T0 - timedelta(days=3), "requeue", 7, exclude=("gpu03",), incident="7.0"
+                ),
+                PastAction(
+                    T0 - timedelta(hours=1), "drain", nodes=("gpu03",), incident="node:gpu03"
+                ),
+            ),
+            set(),
+        ),
+        # Readmitted by a later requeue (7.1): not excluded any more.
+        (
+            (
+                PastAction(T0 - timedelta(days=3), "drain", 7, nodes=("gpu03",), incident="7.0"),
+                PastAction(
+                    T0 - timedelta(days=3), "requeue", 7, exclude=("gpu03",), incident="7.0"
+                ),
+                PastAction(
+                    T0 - timedelta(days=1), "requeue", 7, readmit=("gpu03",), incident="7.1"
+                ),
+            ),
+            set(),
+        ),
+        # ... and excluded again, with its drain, by 7.2.
+        (
+            (
+                PastAction(T0 - timedelta(days=3), "drain", 7, nodes=("gpu03",), incident="7.0"),
+                PastAction(
+                    T0 - timedelta(days=3), "requeue", 7, exclude=("gpu03",), incident="7.0"
+                ),
+                PastAction(
+                    T0 - timedelta(days=1), "requeue", 7, readmit=("gpu03",), incident="7.1"
+                ),
+                PastAction(T0 - timedelta(hours=5), "drain", 7, nodes=("gpu03",), incident="7.2"),
+                PastAction(
+                    T0 - timedelta(hours=5), "requeue", 7, exclude=("gpu03",), incident="7.2"
+                ),
+            ),
+            {"gpu03"},
+        ),
+    ],
+)
+def test_readmit_takes_back_only_what_its_own_drain_took_out(
+    history: tuple[PastAction, ...], readmitted: set[str]
+) -> None:
+    assert GuardState(history=list(history)).drained_and_excluded(7) == readmitted
 
 
 def test_room_counts_the_nodes_a_requeue_readmits() -> None:
@@ -584,7 +654,7 @@ def test_room_counts_the_nodes_a_requeue_readmits() -> None:
         PastAction(T0 - timedelta(days=1), "drain", 7, nodes=off),
         PastAction(T0 - timedelta(days=1), "requeue", 7, exclude=off),
     )
-    c = ctx(GPU, job("FAILED"), history=earlier)
+    c = ctx(GPU, job("FAILED"), history=earlier, mode="enforce")
     away = replace(planned(c, "requeue"), cause=SHARED, exclude=("gpu01", "gpu02"))
     assert summary(g.room(away, c)) == [("none", "no_room", (), ())]
     (readmitted,) = g.readmit(away, c).decisions
@@ -627,3 +697,20 @@ def test_ended_before_record_keeps_what_a_shared_cause_says() -> None:
     d = replace(planned(ctx(GPU, j), "requeue"), cause=SHARED)
     (out,) = g.ended_before_record(d, c).decisions
     assert out.reason.endswith("look. leaf1: 5 nodes failing; gpu01-02 time out")
+
+
+def test_readmit_takes_back_a_switch_s_nodes_once_its_exclusion_has_lasted() -> None:
+    """Job 7 was requeued off a failing switch (gpu05-06, no drain) 25 hours ago, and off
+    gpu07's switch an hour ago: the first exclusion has lasted `requeue_away_for` (24h)."""
+    earlier = (
+        PastAction(
+            T0 - timedelta(hours=25), "requeue", 7, exclude=("gpu05", "gpu06"), cause=SHARED
+        ),
+        PastAction(T0 - timedelta(hours=1), "requeue", 7, exclude=("gpu07",), cause=SHARED),
+    )
+    c = ctx(GPU, job("FAILED"), history=earlier)
+    (d,) = g.readmit(planned(c, "requeue"), c).decisions
+    assert d.readmit == ("gpu05", "gpu06")
+    assert d.reason.endswith("; readmits gpu05, gpu06 (excluded off a failing switch over 1d ago)")
+    longer = replace(c, policy=load_policy({"shared_cause": {"requeue_away_for": "2d"}}))
+    assert g.readmit(planned(longer, "requeue"), longer).decisions[0].readmit == ()

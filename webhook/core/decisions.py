@@ -89,6 +89,8 @@ class PastAction:
     nodes: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     cause: str = ""
+    # requeue: the nodes it took back out of the job's ExcNodeList (guard stage readmit)
+    readmit: tuple[str, ...] = ()
     # recovery_failed: whether the successor failed before writing its first checkpoint
     before_checkpoint: bool = False
     incident: str = ""  # the incident that decided it ("" when unknown: a scenario's history)
@@ -184,21 +186,58 @@ class GuardState:
         self.history, self.breaker_open = trial.history, trial.breaker_open
         self._index = trial._index
 
+    def _exclusions(self, job: int) -> dict[str, PastAction]:
+        """Each node the job's earlier requeues excluded, and none readmitted since: the
+        requeue that excluded it last."""
+        last: dict[str, PastAction] = {}
+        mine = (h for h in self._index.of_job(self.history, job) if h.action == "requeue")
+        for h in sorted(mine, key=lambda h: h.at):
+            for n in h.readmit:
+                last.pop(n, None)
+            last.update(dict.fromkeys(h.exclude, h))
+        return last
+
     def excluded(self, job: int) -> set[str]:
-        """The nodes the job's earlier requeues excluded: Slurm keeps them for every attempt."""
-        return {
-            n
-            for h in self._index.of_job(self.history, job)
-            if h.action == "requeue"
-            for n in h.exclude
-        }
+        """The nodes the job's earlier requeues excluded and none readmitted since: Slurm keeps
+        them for every attempt."""
+        return set(self._exclusions(job))
+
+    def exclusions_in_force(self, before: datetime, jobs: Collection[int]) -> list[PastAction]:
+        """The actions older than `before` that say what Slurm still excludes for these jobs
+        (their requeues' exclusions, and the drains of those nodes): Slurm keeps a job's
+        ExcNodeList for as long as the job lives, so `readmit` and `room` need them past any
+        window."""
+        old = [h for h in self.history if h.at < before]
+        kept = [
+            h for h in old if h.action == "requeue" and (h.exclude or h.readmit) and h.job in jobs
+        ]
+        nodes = {n for h in kept for n in h.exclude}
+        drains = [h for h in old if h.action == "drain" and not nodes.isdisjoint(h.nodes)]
+        return sorted([*kept, *drains], key=lambda h: h.at)
+
+    def excluded_off_a_switch(self, job: int, before: datetime) -> set[str]:
+        """The nodes the job's earlier requeues excluded off a failing switch (a shared cause,
+        no drain) before `before`, and that no requeue excluded or readmitted since."""
+        return {n for n, h in self._exclusions(job).items() if h.cause == SHARED and h.at < before}
 
     def drained_and_excluded(self, job: int) -> set[str]:
-        """The nodes the job's earlier requeues excluded that slurmedic drained: back in
-        service, someone resumed them (repaired). A node excluded without a drain (off a
-        failing switch) may look in service while its fabric is still down: not among them."""
-        drained = {n for h in self.history if h.action == "drain" for n in h.nodes}
-        return self.excluded(job) & drained
+        """The nodes the job's earlier requeues excluded (none readmitted since) that the same
+        incident drained, and that no later failure drained again: back in service, someone
+        resumed them (repaired). A node excluded without a drain of its own (off a failing
+        switch, even one drained before for something else) may look in service while its
+        fabric is still down: not among them."""
+        why = self._exclusions(job)
+        drains: dict[str, list[PastAction]] = {}
+        for h in self.history:
+            if h.action == "drain":
+                for n in set(h.nodes) & why.keys():
+                    drains.setdefault(n, []).append(h)
+        return {
+            n
+            for n, req in why.items()
+            if any(h.incident == req.incident for h in drains.get(n, ()))
+            and not any(h.incident != req.incident and h.at > req.at for h in drains.get(n, ()))
+        }
 
     def blameless_requeue(self, job: int, since: datetime) -> PastAction | None:
         """The job's last requeue for a failure nobody could be blamed for, if any."""

@@ -38,8 +38,9 @@ to wait for, is forgotten once no alert can reach it any more: an attempt whose 
 forgotten (or that has restarted twice since), any failure of an idle node (the node's next
 failure still gets the next key: the engine keeps the last one). So are the alerts seen that
 were last delivered before it (Alertmanager repeats a firing alert well within it) and the
-guards' history older than it. Evidence of a forgotten node failure (it started before that
-failure was decided) is history, not news: it is not acted on.
+guards' history older than it, but for the exclusions Slurm still keeps for a job it knows (the
+readmit and room stages need them for as long as the job lives). Evidence of a forgotten node
+failure (it started before that failure was decided) is history, not news: it is not acted on.
 """
 
 from __future__ import annotations
@@ -545,7 +546,8 @@ class Engine:
 
     def forget(self, before: datetime) -> None:
         """Forget incidents decided before `before` that nothing can change any more, the alerts
-        last delivered before it, rule 5's nodes and the guards' history older than it."""
+        last delivered before it, rule 5's nodes and the guards' history older than it, but
+        for the exclusions Slurm still keeps for the jobs it knows (readmit, room)."""
         gone = [
             inc
             for inc in self.incidents.values()
@@ -573,7 +575,8 @@ class Engine:
         self.decided_on = {k: v for k, v in kept if v}
         self.seen = {k: at for k, at in self.seen.items() if at >= before}
         self.failing.forget(before)
-        self.guards.history = [h for h in self.guards.history if h.at >= before]
+        excluding = self.guards.exclusions_in_force(before, self.view.jobs.keys())
+        self.guards.history = excluding + [h for h in self.guards.history if h.at >= before]
         self._attempt_keys.clear()
 
     def _forgettable(self, inc: Incident, before: datetime) -> bool:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from webhook.core import durations
 from webhook.core.attribution import Attribution, names
 from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
 from webhook.core.decisions import (
@@ -283,21 +284,38 @@ def died_of_the_storm(
 
 
 def readmit(d: Decision, ctx: Context) -> Outcome:
-    """A requeue takes back into the job's reach the nodes slurmedic drained and its earlier
-    requeues of the job excluded, once they are in service again (resumed after their repair):
-    Slurm keeps a job's ExcNodeList for every attempt, and a long-lived job would otherwise
-    lose nodes at every failure until it no longer fits. Nodes excluded off a failing switch
-    are not readmitted: Slurm shows them in service while their fabric may still be down.
-    Changes no action (no guard)."""
+    """A requeue takes back into the job's reach the nodes its earlier requeues excluded that
+    are in service again: those slurmedic drained with them (resumed after their repair), and
+    those excluded off a failing switch more than `shared_cause.requeue_away_for` ago (Slurm
+    shows them in service while their fabric may still be down: the time stands for the
+    switch's repair). Slurm keeps a job's ExcNodeList for every attempt, and a long-lived job
+    would otherwise lose nodes at every failure until it no longer fits. Changes no action (no
+    guard)."""
     job = ctx.job
     if not _planned(d, "requeue") or job is None:
         return _keep(d)
-    nodes, earlier = ctx.view.nodes, ctx.guards.drained_and_excluded(job.id) - set(d.exclude)
-    back = sorted(n for n in earlier if n in nodes and nodes[n].in_service)
+    nodes, lasts = ctx.view.nodes, ctx.policy.shared_cause.requeue_away_for
+    # A drain the policy only records (monitor) never took the node out: in service says
+    # nothing of a repair.
+    drained = {
+        n
+        for n in ctx.guards.drained_and_excluded(job.id)
+        if n in nodes and ctx.policy.mode_of("drain", nodes[n].partition) != "monitor"
+    }
+    switch = ctx.guards.excluded_off_a_switch(job.id, ctx.now - lasts) - drained
+    back = {n for n in drained | switch if n in nodes and nodes[n].in_service} - set(d.exclude)
     if not back:
         return _keep(d)
-    why = f"{d.reason}; readmits {names(back)} (drained and excluded before, in service again)"
-    return _keep(replace(d, readmit=tuple(back), reason=why))
+    said = [
+        f"{names(sorted(these))} ({why})"
+        for these, why in (
+            (back & drained, "drained and excluded before, in service again"),
+            (back & switch, f"excluded off a failing switch over {durations.format(lasts)} ago"),
+        )
+        if these
+    ]
+    why = f"{d.reason}; readmits {', '.join(said)}"
+    return _keep(replace(d, readmit=tuple(sorted(back)), reason=why))
 
 
 def room(d: Decision, ctx: Context) -> Outcome:
@@ -373,6 +391,7 @@ def retry_budget(d: Decision, ctx: Context) -> Outcome:
         exclude=d.exclude,
         cause=ctx.attr.cause,
         incident=d.incident,
+        readmit=d.readmit,
     )
     return Outcome((d,), (Counted(spent),))
 

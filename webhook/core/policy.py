@@ -92,6 +92,10 @@ class SharedCause(_Strict):
     # out PyTorch's 10-minute NCCL timeout, then the job ends); one that fails later failed of
     # something else, and is not moved off a switch mended since.
     requeue_away_within: Duration = timedelta(minutes=20)
+    # How long a job requeued off a switch keeps its nodes excluded (Slurm keeps a job's
+    # exclusion for good): a later requeue of the job readmits those in service. A switch
+    # still down then costs the job one more failure, and it is moved off again.
+    requeue_away_for: Duration = timedelta(hours=24)
 
 
 class Verify(_Strict):

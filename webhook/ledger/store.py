@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any, cast
 
 from pydantic import ValidationError
-from sqlalchemy import Engine, create_engine, event, func, make_url, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    create_engine,
+    event,
+    func,
+    make_url,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlchemyError
@@ -773,6 +782,7 @@ class Ledger:
         return _utc(first) if first is not None else None
 
     def history(self, since: datetime) -> Iterator[PastAction]:
+        """The guards' memory: what was decided since `since`."""
         with self.session() as s:
             for rec in s.scalars(
                 select(RecoveryRow).where(
@@ -781,35 +791,50 @@ class Ledger:
             ):
                 assert rec.decided_at is not None
                 yield PastAction(at=_utc(rec.decided_at), action="recovered", job=rec.job)
-            for r in s.scalars(
-                select(DecisionRow).where(DecisionRow.at >= since, DecisionRow.state != SUPERSEDED)
+            yield from self._past(s, DecisionRow.at >= since)
+
+    def exclusion_history(self, before: datetime) -> Iterator[PastAction]:
+        """The requeues that excluded nodes, and the drains, decided before `before`: what
+        Slurm may still keep in a job's ExcNodeList (GuardState.exclusions_in_force)."""
+        with self.session() as s:
+            for h in self._past(
+                s, DecisionRow.at < before, DecisionRow.action.in_(("requeue", "drain"))
             ):
-                if r.guard == "recovery_failed" and r.action == "escalate":
-                    first = r.evidence[0] if r.evidence else {}
-                    if not first.get("charged"):
-                        continue  # requeued again: that requeue counted itself
-                    yield PastAction(
-                        at=_utc(r.at),
-                        action="recovery_failed",
-                        job=r.job,
-                        cause=r.cause,
-                        before_checkpoint=bool(first.get("before_checkpoint")),
-                    )
-                elif r.guard is None:
-                    nodes = tuple(r.nodes)
-                    if r.action == "requeue" and r.cause in BLAMELESS:
-                        # Where the failure nobody could be blamed for began: its next time there
-                        # implicates that node.
-                        nodes = first_node(r.evidence)
-                    yield PastAction(
-                        at=_utc(r.at),
-                        action=r.action,
-                        job=r.job,
-                        nodes=nodes,
-                        exclude=tuple(r.exclude),
-                        cause=r.cause,
-                        incident=r.incident,
-                    )
+                if h.action == "drain" or h.exclude or h.readmit:
+                    yield h
+
+    @staticmethod
+    def _past(s: Session, *where: ColumnElement[bool]) -> Iterator[PastAction]:
+        """The decisions that count as done (not superseded, no guard said no), as the guards
+        remember them."""
+        for r in s.scalars(select(DecisionRow).where(*where, DecisionRow.state != SUPERSEDED)):
+            if r.guard == "recovery_failed" and r.action == "escalate":
+                first = r.evidence[0] if r.evidence else {}
+                if not first.get("charged"):
+                    continue  # requeued again: that requeue counted itself
+                yield PastAction(
+                    at=_utc(r.at),
+                    action="recovery_failed",
+                    job=r.job,
+                    cause=r.cause,
+                    before_checkpoint=bool(first.get("before_checkpoint")),
+                )
+            elif r.guard is None:
+                nodes = tuple(r.nodes)
+                if r.action == "requeue" and r.cause in BLAMELESS:
+                    # Where the failure nobody could be blamed for began: its next time there
+                    # implicates that node.
+                    nodes = first_node(r.evidence)
+                yield PastAction(
+                    at=_utc(r.at),
+                    action=r.action,
+                    job=r.job,
+                    nodes=nodes,
+                    exclude=tuple(r.exclude),
+                    cause=r.cause,
+                    incident=r.incident,
+                    readmit=tuple(r.readmit or ()),
+                )
 
 
 def _move(

@@ -16,7 +16,7 @@ from webhook.adapters.slurm import SlurmError
 from webhook.core import durations
 from webhook.core.alerts import Alert, wrap
 from webhook.core.cluster import ClusterView, eligible
-from webhook.core.decisions import Decision
+from webhook.core.decisions import Decision, GuardState
 from webhook.core.engine import Engine, evidence_key
 from webhook.core.lifecycle import (
     AWAITING_APPROVAL,
@@ -102,9 +102,15 @@ class LiveLoop:
         self.started = now
         view = self._view()
         self.engine = Engine.with_history(view or ClusterView(), policy, [])
-        self.engine.guards.history = list(
-            ledger.history(now - max(policy.retry_budget.window, policy.breaker.window))
-        )
+        since = now - max(policy.retry_budget.window, policy.breaker.window)
+        # Older exclusions too: Slurm keeps a job's ExcNodeList for as long as the job lives
+        # (the jobs Slurm knows, or all of them before the first view; the sweep prunes).
+        older = GuardState(history=list(ledger.exclusion_history(since)))
+        alive = view.jobs.keys() if view else {h.job for h in older.history if h.job}
+        self.engine.guards.history = [
+            *older.exclusions_in_force(since, alive),
+            *ledger.history(since),
+        ]
         # Before the ledger's first notification (or this start, on a new one) nothing is known.
         self.engine.guards.memory_since = ledger.record_begins() or now
         breaker = ledger.setting(Breaker)

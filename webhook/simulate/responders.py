@@ -187,7 +187,7 @@ class Slurmedic(_Passive):
             w.drain(d.nodes)
         elif d.action in ("requeue", "stop") and (job := self._attempt(d)) is not None:
             if d.action == "requeue":
-                w.requeue(job, d.exclude)
+                w.requeue(job, d.exclude, readmit=d.readmit)
             else:
                 w.stop(job)
         elif d.action == "escalate":

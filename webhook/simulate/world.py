@@ -468,7 +468,12 @@ class World:
             self._show_node(node)
             self.place()
 
-    def requeue(self, job: SimJob, exclude: Iterable[str] = ()) -> bool:
+    def requeue(
+        self, job: SimJob, exclude: Iterable[str] = (), readmit: Iterable[str] | None = None
+    ) -> bool:
+        """Requeue the job away from `exclude`: its exclusions replaced (a person, the oracle
+        and the naive policy set them), or, with `readmit`, added to what earlier requeues
+        excluded less the nodes readmitted (what slurmedic's requeue playbook does)."""
         if job.state in ("PENDING", "CANCELLED"):
             return False
         if job.running:
@@ -476,7 +481,10 @@ class World:
         self.tally.requeues += 1
         job.restarts += 1
         job.state, job.ended, job.stalled, job.fault = "PENDING", None, None, None
-        job.exclude = frozenset(self.node_index(n) for n in exclude)
+        new = frozenset(self.node_index(n) for n in exclude)
+        if readmit is not None:
+            new |= job.exclude - {self.node_index(n) for n in readmit}
+        job.exclude = new
         self._pend(job)
         return True
 
