@@ -607,6 +607,19 @@ def test_readmit_takes_back_what_earlier_requeues_excluded_once_in_service() -> 
             ),
             set(),
         ),
+        # ... that drain is a day old: it ran (or expired), and gpu03 is back since.
+        (
+            (
+                PastAction(T0 - timedelta(days=3), "drain", 7, nodes=("gpu03",), incident="7.0"),
+                PastAction(
+                    T0 - timedelta(days=3), "requeue", 7, exclude=("gpu03",), incident="7.0"
+                ),
+                PastAction(
+                    T0 - timedelta(days=1), "drain", nodes=("gpu03",), incident="node:gpu03"
+                ),
+            ),
+            {"gpu03"},
+        ),
         # Readmitted by a later requeue (7.1): not excluded any more.
         (
             (
@@ -642,7 +655,8 @@ def test_readmit_takes_back_what_earlier_requeues_excluded_once_in_service() -> 
 def test_readmit_takes_back_only_what_its_own_drain_took_out(
     history: tuple[PastAction, ...], readmitted: set[str]
 ) -> None:
-    assert GuardState(history=list(history)).drained_and_excluded(7) == readmitted
+    settled = T0 - timedelta(hours=4)
+    assert GuardState(history=list(history)).drained_and_excluded(7, settled) == readmitted
 
 
 def test_room_counts_the_nodes_a_requeue_readmits() -> None:
@@ -714,3 +728,12 @@ def test_readmit_takes_back_a_switch_s_nodes_once_its_exclusion_has_lasted() -> 
     assert d.reason.endswith("; readmits gpu05, gpu06 (excluded off a failing switch over 1d ago)")
     longer = replace(c, policy=load_policy({"shared_cause": {"requeue_away_for": "2d"}}))
     assert g.readmit(planned(longer, "requeue"), longer).decisions[0].readmit == ()
+    # gpu05 was drained apart by the storm's incident, gpu06 for a failure of its own since:
+    # their drains say when they are back, not the switch's time.
+    drained = (
+        *earlier,
+        PastAction(T0 - timedelta(hours=25), "drain", 7, nodes=("gpu05",), cause=SHARED),
+        PastAction(T0 - timedelta(hours=2), "drain", nodes=("gpu06",), incident="node:gpu06"),
+    )
+    both = ctx(GPU, job("FAILED"), history=drained, mode="enforce")
+    assert g.readmit(planned(both, "requeue"), both).decisions[0].readmit == ("gpu05",)

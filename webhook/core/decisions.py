@@ -216,28 +216,45 @@ class GuardState:
         return sorted([*kept, *drains], key=lambda h: h.at)
 
     def excluded_off_a_switch(self, job: int, before: datetime) -> set[str]:
-        """The nodes the job's earlier requeues excluded off a failing switch (a shared cause,
-        no drain) before `before`, and that no requeue excluded or readmitted since."""
-        return {n for n, h in self._exclusions(job).items() if h.cause == SHARED and h.at < before}
-
-    def drained_and_excluded(self, job: int) -> set[str]:
-        """The nodes the job's earlier requeues excluded (none readmitted since) that the same
-        incident drained, and that no later failure drained again: back in service, someone
-        resumed them (repaired). A node excluded without a drain of its own (off a failing
-        switch, even one drained before for something else) may look in service while its
-        fabric is still down: not among them."""
+        """The nodes the job's earlier requeues excluded off a failing switch (a shared cause)
+        before `before`, and that no requeue excluded or readmitted since; not those a drain
+        took out with the exclusion or since (drained_and_excluded says when they are back)."""
         why = self._exclusions(job)
-        drains: dict[str, list[PastAction]] = {}
-        for h in self.history:
-            if h.action == "drain":
-                for n in set(h.nodes) & why.keys():
-                    drains.setdefault(n, []).append(h)
+        drains = self._drains_of(why.keys())
+        return {
+            n
+            for n, req in why.items()
+            if req.cause == SHARED
+            and req.at < before
+            and not any(h.incident == req.incident or h.at > req.at for h in drains.get(n, ()))
+        }
+
+    def drained_and_excluded(self, job: int, settled: datetime) -> set[str]:
+        """The nodes the job's earlier requeues excluded (none readmitted since) that the same
+        incident drained: back in service, someone resumed them (repaired). Not while a later
+        drain of the node (another failure) is younger than `settled` (it may not have run
+        yet; older, it ran or expired). A node excluded without a drain of its own (off a
+        failing switch, even one drained before for something else) may look in service while
+        its fabric is still down: not among them."""
+        why = self._exclusions(job)
+        drains = self._drains_of(why.keys())
         return {
             n
             for n, req in why.items()
             if any(h.incident == req.incident for h in drains.get(n, ()))
-            and not any(h.incident != req.incident and h.at > req.at for h in drains.get(n, ()))
+            and not any(
+                h.incident != req.incident and h.at > req.at and h.at >= settled
+                for h in drains.get(n, ())
+            )
         }
+
+    def _drains_of(self, nodes: Collection[str]) -> dict[str, list[PastAction]]:
+        out: dict[str, list[PastAction]] = {}
+        for h in self.history:
+            if h.action == "drain":
+                for n in set(h.nodes).intersection(nodes):
+                    out.setdefault(n, []).append(h)
+        return out
 
     def blameless_requeue(self, job: int, since: datetime) -> PastAction | None:
         """The job's last requeue for a failure nobody could be blamed for, if any."""

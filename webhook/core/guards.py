@@ -297,12 +297,14 @@ def readmit(d: Decision, ctx: Context) -> Outcome:
     nodes, lasts = ctx.view.nodes, ctx.policy.shared_cause.requeue_away_for
     # A drain the policy only records (monitor) never took the node out: in service says
     # nothing of a repair.
+    # A later drain of a node (another failure) has run or expired after approval_expires.
+    settled = ctx.now - ctx.policy.approval_expires
     drained = {
         n
-        for n in ctx.guards.drained_and_excluded(job.id)
+        for n in ctx.guards.drained_and_excluded(job.id, settled)
         if n in nodes and ctx.policy.mode_of("drain", nodes[n].partition) != "monitor"
     }
-    switch = ctx.guards.excluded_off_a_switch(job.id, ctx.now - lasts) - drained
+    switch = ctx.guards.excluded_off_a_switch(job.id, ctx.now - lasts)
     back = {n for n in drained | switch if n in nodes and nodes[n].in_service} - set(d.exclude)
     if not back:
         return _keep(d)

@@ -54,6 +54,7 @@ def remedy(world: World, fault: Fault, jobs: list[tuple[SimJob, int]], *, oracle
             world.stop(job, back=job.fixed_at if oracle else None)
         elif world.fits_without(job, bad):
             world.requeue(job, bad)
+            world.lift_when_mended(job, bad)
         elif (mended := world.mended_by()) > world.now:
             world.later(mended, partial(remedy, world, fault, [(job, attempt)], oracle=oracle))
         else:

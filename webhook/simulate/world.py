@@ -488,6 +488,22 @@ class World:
         self._pend(job)
         return True
 
+    def lift_when_mended(self, job: SimJob, names: Iterable[str]) -> None:
+        """Whoever kept the job off a leaf that is down (a person, the oracle) takes that
+        exclusion back once the leaf is mended: Slurm would keep it for good."""
+        under: dict[float, set[int]] = {}
+        for name in names:
+            node = self.nodes[self.node_index(name)]
+            if self.leaf_down_until[node.leaf] > self.now:
+                under.setdefault(self.leaf_down_until[node.leaf], set()).add(node.index)
+
+        def lift(nodes: frozenset[int]) -> None:
+            job.exclude -= nodes
+            self.place()
+
+        for until, nodes in under.items():
+            self.later(until, partial(lift, frozenset(nodes)))
+
     def _pend(self, job: SimJob) -> None:
         job.not_before = self.now + self.delays.requeue_start
         self._show_job(job)
