@@ -249,12 +249,7 @@ class GuardState:
         }
 
     def _drains_of(self, nodes: Collection[str]) -> dict[str, list[PastAction]]:
-        out: dict[str, list[PastAction]] = {}
-        for h in self.history:
-            if h.action == "drain":
-                for n in set(h.nodes).intersection(nodes):
-                    out.setdefault(n, []).append(h)
-        return out
+        return {n: self._index.drains_of(self.history, n) for n in nodes}
 
     def blameless_requeue(self, job: int, since: datetime) -> PastAction | None:
         """The job's last requeue for a failure nobody could be blamed for, if any."""

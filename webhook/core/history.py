@@ -1,5 +1,5 @@
-"""The guards' memory of past actions, indexed: by job (retry budgets, recoveries) and by the
-time of each drain (the breaker's sliding window).
+"""The guards' memory of past actions, indexed: by job (retry budgets, recoveries), by the
+time of each drain (the breaker's sliding window) and by node (readmit).
 
 `GuardState.history` stays a plain list that anyone may append to or replace (the loop restores
 it from the ledger, the verifier appends recoveries, the engine prunes it to its retention); the
@@ -43,6 +43,7 @@ class HistoryIndex(Generic[A]):
         self._taken = 0
         self._by_job: dict[int, list[A]] = {}
         self._drains: list[A] = []  # by time
+        self._drains_by_node: dict[str, list[A]] = {}
         # The breaker's window: drains from _since on (from _drains[_lo]), counted per node.
         self._since: datetime | None = None
         self._lo = 0
@@ -51,6 +52,11 @@ class HistoryIndex(Generic[A]):
     def of_job(self, history: Sequence[A], job: int) -> list[A]:
         self._follow(history)
         return self._by_job.get(job, [])
+
+    def drains_of(self, history: Sequence[A], node: str) -> list[A]:
+        """The drains that named the node: the caller must not change the list."""
+        self._follow(history)
+        return self._drains_by_node.get(node, [])
 
     def drained(self, history: Sequence[A], since: datetime) -> Counter[str]:
         """The nodes drained since `since` (how many drains each): the caller must not change it."""
@@ -80,6 +86,8 @@ class HistoryIndex(Generic[A]):
             self._by_job.setdefault(a.job, []).append(a)
         if a.action != "drain":
             return
+        for n in a.nodes:
+            self._drains_by_node.setdefault(n, []).append(a)
         if self._drains and a.at < self._drains[-1].at:
             insort(self._drains, a, key=_at)
             self._since = None  # out of order: the window is counted afresh when next asked
