@@ -426,6 +426,12 @@ def start_afresh(cfg: LabConfig) -> None:
             if part.exists():
                 part.rename(db.with_name(f"ledger.{kept}.db{part.name.removeprefix(db.name)}"))
     silence_leftovers(cfg)
+    # A silence mutes a group's next flush, not a notification already made: one that an
+    # earlier test's slurmedic did not take (stopped, or its disk full) is retried for up to
+    # 10 s and would reach this one (CI saw an earlier test's XID drain the node this test's
+    # job then lost). A reload stops every aggregation group, and with it each retry; the new
+    # groups flush what is not silenced.
+    monitoring.reload_alertmanagers(cfg)
 
 
 SILENCER = "slurmedic-lab-tests"
