@@ -65,6 +65,27 @@ def test_a_gpu_off_the_bus_slurmedic_drains_that_node_and_requeues_the_job_away_
     assert 1 - 30 / (24 * 60) - 0.03 < s.ettr_largest / got["oracle"].ettr_largest <= 1
 
 
+def test_informed_does_the_oracle_s_right_thing_once_the_first_alert_is_in():
+    """What the monitoring's delays cost by themselves: `informed` is the oracle, late by the
+    alert's path (scrape, evaluation, Alertmanager), and slurmedic later still (its settle)."""
+    cfg = small()
+    gpu = [Fault(2 * H, "gpu", 5, gpu=3)]  # node 5 runs the big job
+    got = {p: run(cfg, p, gpu) for p in ("slurmedic", "informed", "oracle")}
+    told = got["informed"]
+    assert (told.tally.drains, told.tally.healthy_drained, told.tally.requeues) == (1, 0, 1)
+    assert got["oracle"].gpu_hours_lost < told.gpu_hours_lost < got["slurmedic"].gpu_hours_lost
+    # Told by the job's own alerts: an application crash a restart cures, requeued.
+    app = run(cfg, "informed", [Fault(2 * H, "app", 5)])
+    assert (app.tally.requeues, app.tally.stops, app.tally.drains) == (1, 0, 0)
+    # A leaf's storm: the leaf's nodes are kept away from while it is down, none drained.
+    storm = run(cfg, "informed", [Fault(2 * H, "switch", 1)])
+    assert storm.tally.drains == 0 and storm.tally.requeues >= 1
+    # Nothing alerts of a failure on a node that runs nothing but the node's own alert: no job
+    # is touched.
+    idle = run(cfg, "informed", [Fault(2 * H, "node", 62)])  # one of the 8 spare nodes
+    assert (idle.tally.drains, idle.tally.requeues) == (1, 0)
+
+
 def test_the_decisions_come_from_the_real_core():
     cfg = small()
     world = World(cfg, delays())
@@ -225,7 +246,7 @@ def test_slurmedic_simulate_prints_a_row_a_policy_and_a_sweep(tmp_path: Path):
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--policies", "smart"], "'smart' is not one of none, naive, slurmedic, oracle"),
+        (["--policies", "smart"], "'smart' is not one of none, naive, slurmedic, informed, oracle"),
         (["--plot", "x.png"], "a plot needs --sweep"),
         (["--sweep", "0s"], "give durations above 0"),
         (["--nodes", "100"], "the jobs need 1984 nodes, the cluster has 100"),

@@ -15,7 +15,7 @@ from webhook.cli.common import policy_of, render_report
 from webhook.core import durations
 from webhook.rules.render import RuleSource
 from webhook.simulate import report
-from webhook.simulate.responders import POLICIES
+from webhook.simulate.responders import COMPARED, POLICIES
 from webhook.simulate.run import compare, sweep
 from webhook.simulate.site import SiteError, delays, sim_config
 from webhook.simulate.trace import draw
@@ -58,7 +58,13 @@ def _intervals(value: str) -> list[timedelta]:
     type=click.Path(path_type=Path, dir_okay=False),
     help="slurmedic's policy file (default: the defaults); its actions are all enforced.",
 )
-@click.option("--policies", default=",".join(POLICIES), show_default=True, help="Which to run.")
+@click.option(
+    "--policies",
+    default=",".join(COMPARED),
+    show_default=True,
+    help=f"Which to run, of {', '.join(POLICIES)} (informed: the oracle's answer once the first "
+    "alert of a failure arrives).",
+)
 @click.option(
     "--rules-config",
     type=click.Path(path_type=Path, dir_okay=False),

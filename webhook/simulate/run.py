@@ -15,7 +15,7 @@ from typing import Any
 
 from webhook.core.policy import Policy
 from webhook.simulate.model import Delays, SimConfig
-from webhook.simulate.responders import POLICIES, Slurmedic, remedy, responder
+from webhook.simulate.responders import COMPARED, Slurmedic, remedy, responder
 from webhook.simulate.trace import Fault, draw
 from webhook.simulate.world import Tally, World
 
@@ -115,7 +115,7 @@ def compare(
     *,
     policy: Policy | None = None,
     delays: Delays | None = None,
-    policies: tuple[str, ...] = POLICIES,
+    policies: tuple[str, ...] = COMPARED,
     faults: list[Fault] | None = None,
 ) -> list[Outcome]:
     """Every policy on the same failure trace."""
@@ -129,7 +129,7 @@ def sweep(
     *,
     policy: Policy | None = None,
     delays: Delays | None = None,
-    policies: tuple[str, ...] = POLICIES,
+    policies: tuple[str, ...] = COMPARED,
     faults: list[Fault] | None = None,
 ) -> dict[str, list[Outcome]]:
     """Every policy at each checkpoint interval (every job class's), on one failure trace."""
