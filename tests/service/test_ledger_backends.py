@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from webhook.core.alerts import Payload
 from webhook.core.decisions import Decision
@@ -76,6 +77,77 @@ def test_decisions_and_their_events(ledger: Ledger) -> None:
         assert inc.decided_at.replace(tzinfo=UTC) == T  # SQLite hands back naive UTC
     assert [h.nodes for h in ledger.history(T - timedelta(hours=1))] == [("gpu01",)]
     assert ledger.decision(decision_id + 1) is None
+
+
+def test_a_restart_reads_the_older_exclusions_of_the_jobs_slurm_knows(ledger: Ledger) -> None:
+    """exclusion_history: the requeues of the jobs asked for that excluded or readmitted nodes,
+    and the drains of those nodes (no other), before the time asked for, in time order; what
+    a revision superseded, or a guard refused, is not there."""
+
+    def decided(at: datetime, incident: str, action: str, **kw: object) -> Decision:
+        job = int(incident.split(".")[0]) if incident[0].isdigit() else None
+        fields: dict[str, Any] = {"cause": "gpu_hardware", "reason": "XID 79"} | kw
+        return Decision(at=at, incident=incident, job=job, action=action, **fields)
+
+    days = [T - timedelta(days=d) for d in (4, 3, 2, 1)]
+    ledger.record(
+        [
+            decided(days[0], "7.0", "drain", nodes=("gpu01",)),
+            decided(days[0], "7.0", "requeue", exclude=("gpu01",)),
+            decided(days[0], "8.0", "drain", nodes=("gpu02",)),
+            decided(days[0], "8.0", "requeue", exclude=("gpu02",)),
+            decided(days[1], "node:gpu03", "drain", nodes=("gpu03",)),  # excluded by no one
+            decided(days[1], "7.5", "requeue", exclude=("gpu09",), state="superseded"),
+            decided(days[1], "7.6", "requeue", exclude=("gpu08",), guard="retry_budget_exhausted"),
+            decided(days[2], "7.1", "drain", nodes=("gpu04",)),
+            decided(days[2], "7.1", "requeue", exclude=("gpu04",), readmit=("gpu01",)),
+            decided(T, "7.2", "requeue", exclude=("gpu05",)),  # not before T
+        ]
+    )
+    got = [(h.at, h.action, h.job, h.nodes or h.exclude) for h in ledger.exclusion_history(T, {7})]
+    assert got == [
+        (days[0], "drain", 7, ("gpu01",)),
+        (days[0], "requeue", 7, ("gpu01",)),
+        (days[2], "drain", 7, ("gpu04",)),
+        (days[2], "requeue", 7, ("gpu04",)),
+    ]
+    assert {h.job for h in ledger.exclusion_history(T, {8, 9})} == {8}
+    every = list(ledger.exclusion_history(T))  # before the first view of Slurm: every job's
+    assert {h.job for h in every if h.action == "requeue"} == {7, 8}
+    assert len(every) == 6
+    # More jobs than one statement's bound parameters take.
+    assert len(list(ledger.exclusion_history(T, set(range(5, 5000))))) == 6
+
+
+def test_a_blameless_requeue_is_remembered_with_the_node_its_failure_began_on(
+    ledger: Ledger,
+) -> None:
+    """The guards' memory reads a decision's evidence only where it needs it (a requeue nobody
+    was blamed for: the node of its earliest evidence)."""
+    first = {
+        "alertname": "TrainingNcclTimeout",
+        "node": "gpu06",
+        "startsAt": "2026-11-29T11:50:00Z",
+    }
+    later = {
+        "alertname": "TrainingNcclTimeout",
+        "node": "gpu02",
+        "startsAt": "2026-11-29T11:55:00Z",
+    }
+    ledger.record(
+        [
+            Decision(
+                at=T,
+                incident="7.0",
+                job=7,
+                action="requeue",
+                cause="hang",
+                reason="every rank timed out",
+                evidence=(later, first),
+            )
+        ]
+    )
+    assert [h.nodes for h in ledger.history(T - timedelta(hours=1))] == [("gpu06",)]
 
 
 def test_a_postgresql_ledger_bounds_its_waits_on_a_server_it_cannot_reach(

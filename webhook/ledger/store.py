@@ -6,7 +6,7 @@ import contextlib
 import copy
 import fcntl
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from webhook.core.alerts import Alert, Payload
 from webhook.core.decisions import BLAMELESS, SCHEDULER_ACTIONS, Decision, PastAction
@@ -107,6 +107,8 @@ POSTGRES_TIMEOUTS = {
     "keepalives_count": 3,
     "tcp_user_timeout": 15000,  # ms: unacknowledged data fails the connection
 }
+# Job ids per `IN (...)`: SQLite before 3.32 takes at most 999 bound parameters a statement.
+IN_CHUNK = 500
 
 
 def _connect_args(url: str) -> dict[str, Any]:
@@ -793,21 +795,46 @@ class Ledger:
                 yield PastAction(at=_utc(rec.decided_at), action="recovered", job=rec.job)
             yield from self._past(s, DecisionRow.at >= since)
 
-    def exclusion_history(self, before: datetime) -> Iterator[PastAction]:
-        """The requeues that excluded nodes, and the drains, decided before `before`: what
+    def exclusion_history(
+        self, before: datetime, jobs: Collection[int] | None = None
+    ) -> Iterator[PastAction]:
+        """The requeues that excluded nodes (of `jobs`, those Slurm knows; None: every job's),
+        and the drains of the nodes they excluded or readmitted, decided before `before`: what
         Slurm may still keep in a job's ExcNodeList (GuardState.exclusions_in_force)."""
         with self.session() as s:
-            for h in self._past(
-                s, DecisionRow.at < before, DecisionRow.action.in_(("requeue", "drain"))
-            ):
-                if h.action == "drain" or h.exclude or h.readmit:
-                    yield h
+            older = (DecisionRow.at < before, DecisionRow.action == "requeue")
+            if jobs is None:
+                found = list(self._past(s, *older))
+            else:
+                ids = sorted(jobs)
+                found = [
+                    h
+                    for i in range(0, len(ids), IN_CHUNK)
+                    for h in self._past(s, *older, DecisionRow.job.in_(ids[i : i + IN_CHUNK]))
+                ]
+            requeues = [h for h in found if h.exclude or h.readmit]
+            touched = {n for h in requeues for n in (*h.exclude, *h.readmit)}
+            drains = [
+                h
+                for h in self._past(s, DecisionRow.at < before, DecisionRow.action == "drain")
+                if touched.intersection(h.nodes)
+            ]
+        # In time order; a drain before the requeue its incident decided with it.
+        yield from sorted([*requeues, *drains], key=lambda h: (h.at, h.action != "drain"))
 
     @staticmethod
     def _past(s: Session, *where: ColumnElement[bool]) -> Iterator[PastAction]:
         """The decisions that count as done (not superseded, no guard said no), as the guards
-        remember them."""
-        for r in s.scalars(select(DecisionRow).where(*where, DecisionRow.state != SUPERSEDED)):
+        remember them. Streamed, each row's evidence read only where it is needed: a year of a
+        large cluster's decisions does not fit in memory at once."""
+        rows = s.scalars(
+            select(DecisionRow)
+            .where(*where, DecisionRow.state != SUPERSEDED)
+            .order_by(DecisionRow.at, DecisionRow.id)
+            .options(defer(DecisionRow.evidence))
+            .execution_options(yield_per=1000)
+        )
+        for r in rows:
             if r.guard == "recovery_failed" and r.action == "escalate":
                 first = r.evidence[0] if r.evidence else {}
                 if not first.get("charged"):

@@ -105,8 +105,9 @@ class LiveLoop:
         since = now - max(policy.retry_budget.window, policy.breaker.window)
         # Older exclusions too: Slurm keeps a job's ExcNodeList for as long as the job lives
         # (the jobs Slurm knows, or all of them before the first view; the sweep prunes).
-        older = GuardState(history=list(ledger.exclusion_history(since)))
-        alive = view.jobs.keys() if view else {h.job for h in older.history if h.job}
+        known = set(view.jobs) if view else None
+        older = GuardState(history=list(ledger.exclusion_history(since, known)))
+        alive = known if known is not None else {h.job for h in older.history if h.job}
         self.engine.guards.history = [
             *older.exclusions_in_force(since, alive),
             *ledger.history(since),
