@@ -215,30 +215,23 @@ class GuardState:
         drains = [h for h in old if h.action == "drain" and not nodes.isdisjoint(h.nodes)]
         return sorted([*kept, *drains], key=lambda h: h.at)
 
-    def excluded_off_a_switch(self, job: int, before: datetime) -> set[str]:
-        """The nodes the job's earlier requeues excluded off a failing switch (a shared cause)
-        before `before`, and that no requeue excluded or readmitted since; not those a drain
-        took out with the exclusion or since (drained_and_excluded says when they are back)."""
-        why = self._exclusions(job)
-        drains = self._drains_of(why.keys())
-        return {
-            n
-            for n, req in why.items()
-            if req.cause == SHARED
-            and req.at < before
-            and not any(h.incident == req.incident or h.at > req.at for h in drains.get(n, ()))
-        }
+    def readmittable(
+        self, job: int, settled: datetime, switch_before: datetime
+    ) -> tuple[set[str], set[str]]:
+        """What of the job's exclusions (its earlier requeues', none readmitted since) may be
+        taken back once in service, in two parts:
 
-    def drained_and_excluded(self, job: int, settled: datetime) -> set[str]:
-        """The nodes the job's earlier requeues excluded (none readmitted since) that the same
-        incident drained: back in service, someone resumed them (repaired). Not while a later
-        drain of the node (another failure) is younger than `settled` (it may not have run
-        yet; older, it ran or expired). A node excluded without a drain of its own (off a
-        failing switch, even one drained before for something else) may look in service while
-        its fabric is still down: not among them."""
+        - drained: the nodes the same incident drained (back in service, someone resumed them:
+          repaired); not while a later drain of the node (another failure) is younger than
+          `settled` (it may not have run yet; older, it ran or expired);
+        - off a switch: the nodes excluded off a failing switch (a shared cause) before
+          `switch_before`, that no drain took out with the exclusion or since.
+
+        A node excluded without a drain of its own and not off a switch is in neither: in
+        service, its fault may still be there."""
         why = self._exclusions(job)
         drains = self._drains_of(why.keys())
-        return {
+        drained = {
             n
             for n, req in why.items()
             if any(h.incident == req.incident for h in drains.get(n, ()))
@@ -247,6 +240,14 @@ class GuardState:
                 for h in drains.get(n, ())
             )
         }
+        switch = {
+            n
+            for n, req in why.items()
+            if req.cause == SHARED
+            and req.at < switch_before
+            and not any(h.incident == req.incident or h.at > req.at for h in drains.get(n, ()))
+        }
+        return drained, switch
 
     def _drains_of(self, nodes: Collection[str]) -> dict[str, list[PastAction]]:
         return {n: self._index.drains_of(self.history, n) for n in nodes}

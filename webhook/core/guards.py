@@ -299,12 +299,12 @@ def readmit(d: Decision, ctx: Context) -> Outcome:
     # nothing of a repair.
     # A later drain of a node (another failure) has run or expired after approval_expires.
     settled = ctx.now - ctx.policy.approval_expires
+    repaired, switch = ctx.guards.readmittable(job.id, settled, ctx.now - lasts)
     drained = {
         n
-        for n in ctx.guards.drained_and_excluded(job.id, settled)
+        for n in repaired
         if n in nodes and ctx.policy.mode_of("drain", nodes[n].partition) != "monitor"
     }
-    switch = ctx.guards.excluded_off_a_switch(job.id, ctx.now - lasts)
     back = {n for n in drained | switch if n in nodes and nodes[n].in_service} - set(d.exclude)
     if not back:
         return _keep(d)

@@ -798,9 +798,10 @@ class Ledger:
     def exclusion_history(
         self, before: datetime, jobs: Collection[int] | None = None
     ) -> Iterator[PastAction]:
-        """The requeues that excluded nodes (of `jobs`, those Slurm knows; None: every job's),
-        and the drains of the nodes they excluded or readmitted, decided before `before`: what
-        Slurm may still keep in a job's ExcNodeList (GuardState.exclusions_in_force)."""
+        """The requeues that excluded or readmitted nodes (of `jobs`, those Slurm knows; None:
+        every job's), and the drains of the nodes they excluded, decided before `before`: what
+        Slurm may still keep in a job's ExcNodeList (GuardState.exclusions_in_force keeps the
+        same)."""
         with self.session() as s:
             older = (DecisionRow.at < before, DecisionRow.action == "requeue")
             if jobs is None:
@@ -813,11 +814,11 @@ class Ledger:
                     for h in self._past(s, *older, DecisionRow.job.in_(ids[i : i + IN_CHUNK]))
                 ]
             requeues = [h for h in found if h.exclude or h.readmit]
-            touched = {n for h in requeues for n in (*h.exclude, *h.readmit)}
+            excluded = {n for h in requeues for n in h.exclude}
             drains = [
                 h
                 for h in self._past(s, DecisionRow.at < before, DecisionRow.action == "drain")
-                if touched.intersection(h.nodes)
+                if not excluded.isdisjoint(h.nodes)
             ]
         # In time order; a drain before the requeue its incident decided with it.
         yield from sorted([*requeues, *drains], key=lambda h: (h.at, h.action != "drain"))
