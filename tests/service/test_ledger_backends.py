@@ -79,15 +79,17 @@ def test_decisions_and_their_events(ledger: Ledger) -> None:
     assert ledger.decision(decision_id + 1) is None
 
 
+def decided(at: datetime, incident: str, action: str, **kw: object) -> Decision:
+    """A decision of `incident` (its job from its key), of a GPU's fault unless `kw` says."""
+    job = int(incident.split(".")[0]) if incident[0].isdigit() else None
+    fields: dict[str, Any] = {"cause": "gpu_hardware", "reason": "XID 79"} | kw
+    return Decision(at=at, incident=incident, job=job, action=action, **fields)
+
+
 def test_a_restart_reads_the_older_exclusions_of_the_jobs_slurm_knows(ledger: Ledger) -> None:
     """exclusion_history: the requeues of the jobs asked for that excluded or readmitted nodes,
     and the drains of those nodes (no other), before the time asked for, in time order; what
     a revision superseded, or a guard refused, is not there."""
-
-    def decided(at: datetime, incident: str, action: str, **kw: object) -> Decision:
-        job = int(incident.split(".")[0]) if incident[0].isdigit() else None
-        fields: dict[str, Any] = {"cause": "gpu_hardware", "reason": "XID 79"} | kw
-        return Decision(at=at, incident=incident, job=job, action=action, **fields)
 
     days = [T - timedelta(days=d) for d in (4, 3, 2, 1)]
     ledger.record(
@@ -134,19 +136,7 @@ def test_a_blameless_requeue_is_remembered_with_the_node_its_failure_began_on(
         "node": "gpu02",
         "startsAt": "2026-11-29T11:55:00Z",
     }
-    ledger.record(
-        [
-            Decision(
-                at=T,
-                incident="7.0",
-                job=7,
-                action="requeue",
-                cause="hang",
-                reason="every rank timed out",
-                evidence=(later, first),
-            )
-        ]
-    )
+    ledger.record([decided(T, "7.0", "requeue", cause="hang", evidence=(later, first))])
     assert [h.nodes for h in ledger.history(T - timedelta(hours=1))] == [("gpu06",)]
 
 
