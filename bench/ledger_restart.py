@@ -45,15 +45,16 @@ def evidence(rng: random.Random, at: datetime, nodes: int, n: int) -> tuple[dict
     )
 
 
-def fill(ledger: Ledger, nodes: int, days: float, rate: float, seed: int) -> tuple[int, int]:
-    """Decisions of `days` before NOW; the number of decisions and the last job id."""
+def fill(ledger: Ledger, nodes: int, days: float, rate: float, seed: int) -> tuple[int, list[int]]:
+    """Decisions of `days` before NOW; the number of decisions and the jobs they are about."""
     rng = random.Random(seed)
     failures = int(nodes * days * rate / 1000)
     begin = NOW - timedelta(days=days)
-    job, batch, count = 1000, [], 0
+    job, batch, count, jobs = 1000, [], 0, []
     for i in range(failures):
         at = begin + timedelta(seconds=(i + rng.random()) * days * 86400 / failures)
         job += rng.randrange(1, 4)  # jobs come and go
+        jobs.append(job)
         node = f"gpu{rng.randrange(nodes):05d}"
         incident = str(IncidentKey.of_attempt(job, 0))
         ev = evidence(rng, at, nodes, 512 if rng.random() < 0.05 else rng.randrange(1, 9))
@@ -77,7 +78,7 @@ def fill(ledger: Ledger, nodes: int, days: float, rate: float, seed: int) -> tup
     if batch:
         ledger.record(batch)
         count += len(batch)
-    return count, job
+    return count, jobs
 
 
 def measure(what: str, read: Callable[[], Any]) -> Any:
@@ -108,14 +109,14 @@ def main() -> None:
         db = Path(tmp) / "ledger.db"
         ledger = Ledger(f"sqlite:///{db}")
         began = time.perf_counter()
-        decided, last = fill(ledger, args.nodes, args.days, args.rate, args.seed)
+        decided, jobs = fill(ledger, args.nodes, args.days, args.rate, args.seed)
         print(
             f"# A restart reads a ledger of {args.days:g} days of {args.nodes:,} nodes\n\n"
             f"- {decided:,} decisions ({db.stat().st_size / 2**20:.0f} MB of SQLite, filled in "
             f"{time.perf_counter() - began:.0f} s); {args.alive} jobs in Slurm's view\n"
         )
         rng = random.Random(args.seed)
-        alive = set(rng.sample(range(1000, last + 1), args.alive))
+        alive = set(rng.sample(jobs, args.alive))
         print("| read | seconds | peak MB (Python) | rows |")
         print("|---|---:|---:|---:|")
         older = measure(

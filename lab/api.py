@@ -31,9 +31,13 @@ def alerts(cfg: LabConfig, **labels: str) -> list[dict[str, Any]]:
     return result
 
 
-def silences(cfg: LabConfig, created_by: str) -> list[dict[str, Any]]:
-    """Alertmanager's active silences created by `created_by`."""
-    r = requests.get(f"{cfg.alertmanager_url}/api/v2/silences", timeout=5)
+def silences(
+    cfg: LabConfig, created_by: str, alertmanager: str | None = None
+) -> list[dict[str, Any]]:
+    """Alertmanager's active silences created by `created_by` (the lab's Alertmanager's, or
+    those of the one at `alertmanager`)."""
+    url = alertmanager or cfg.alertmanager_url
+    r = requests.get(f"{url}/api/v2/silences", timeout=5)
     r.raise_for_status()
     return [
         s for s in r.json() if s["createdBy"] == created_by and s["status"]["state"] == "active"

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -427,10 +428,18 @@ def start_afresh(cfg: LabConfig) -> None:
                 part.rename(db.with_name(f"ledger.{kept}.db{part.name.removeprefix(db.name)}"))
     silence_leftovers(cfg)
     # A silence mutes a group's next flush, not a notification already made: one that an
-    # earlier test's slurmedic did not take (stopped, or its disk full) is retried for up to
-    # 10 s and would reach this one (CI saw an earlier test's XID drain the node this test's
-    # job then lost). A reload stops every aggregation group, and with it each retry; the new
-    # groups flush what is not silenced.
+    # earlier test's slurmedic did not take (stopped, or its disk full) is retried until the
+    # group's timeout (10 s at least; a peer Alertmanager waits its turn first) and would reach
+    # this one (CI saw an earlier test's XID drain the node this test's job then lost). A
+    # reload stops every aggregation group, and with it each retry; the new groups flush what
+    # is not silenced: on a peer, once the silences have reached it by gossip.
+    ids = {s["id"] for s in api.silences(cfg, SILENCER)}
+
+    def gossiped(url: str) -> bool:
+        return ids <= {s["id"] for s in api.silences(cfg, SILENCER, url)}
+
+    for url in monitoring.alertmanager_urls(cfg)[1:]:
+        eventually(partial(gossiped, url), what=f"the silences at the peer Alertmanager {url}")
     monitoring.reload_alertmanagers(cfg)
 
 

@@ -12,13 +12,14 @@ import pytest
 from click.testing import CliRunner
 
 from webhook.cli import main
+from webhook.core.alerts import Alert
 from webhook.core.policy import load_policy
-from webhook.simulate.model import LLAMA3_CAUSES, SimConfig, llama3_rates
-from webhook.simulate.responders import Slurmedic
+from webhook.simulate.model import LLAMA3_CAUSES, Delays, SimConfig, llama3_rates
+from webhook.simulate.responders import Informed, Slurmedic
 from webhook.simulate.run import Outcome, simulate
 from webhook.simulate.site import delays
 from webhook.simulate.trace import Fault, draw
-from webhook.simulate.world import World
+from webhook.simulate.world import World, when
 
 H = 3600.0
 
@@ -74,16 +75,58 @@ def test_informed_does_the_oracle_s_right_thing_once_the_first_alert_is_in():
     told = got["informed"]
     assert (told.tally.drains, told.tally.healthy_drained, told.tally.requeues) == (1, 0, 1)
     assert got["oracle"].gpu_hours_lost < told.gpu_hours_lost < got["slurmedic"].gpu_hours_lost
-    # Told by the job's own alerts: an application crash a restart cures, requeued.
-    app = run(cfg, "informed", [Fault(2 * H, "app", 5)])
-    assert (app.tally.requeues, app.tally.stops, app.tally.drains) == (1, 0, 0)
-    # A leaf's storm: the leaf's nodes are kept away from while it is down, none drained.
-    storm = run(cfg, "informed", [Fault(2 * H, "switch", 1)])
-    assert storm.tally.drains == 0 and storm.tally.requeues >= 1
-    # Nothing alerts of a failure on a node that runs nothing but the node's own alert: no job
-    # is touched.
+    # Told by the job's own alerts: an application crash a restart cures, requeued by it (not
+    # by the job's owner, who would come hours later).
+    app = [Fault(2 * H, "app", 5)]
+    told, alone = run(cfg, "informed", app), run(cfg, "none", app)
+    assert (told.tally.requeues, told.tally.owner_restarts, told.tally.stops) == (1, 0, 0)
+    assert told.gpu_hours_lost < alone.gpu_hours_lost
+    # Nothing but the node's own alert tells of a failure of a node that runs nothing.
     idle = run(cfg, "informed", [Fault(2 * H, "node", 62)])  # one of the 8 spare nodes
     assert (idle.tally.drains, idle.tally.requeues) == (1, 0)
+
+
+def test_informed_takes_a_leaf_s_port_down_alerts_for_the_switch():
+    """A leaf's storm under a 32-node job that fits off the leaf: the first port-down alert
+    of any of the leaf's nodes tells of the switch; the job is requeued off the leaf within
+    that alert's path of the oracle (its `for:`, a scrape, an evaluation, the route), not
+    after the job's own NCCL timeout; nothing is drained."""
+    cfg = small(
+        jobs=[
+            {"name": "big", "nodes": 32, "restart": "5m"},
+            {"name": "small", "count": 2, "nodes": 4, "restart": "2m"},
+        ]
+    )
+    storm = [Fault(2 * H, "switch", 1)]
+    told, oracle = run(cfg, "informed", storm), run(cfg, "oracle", storm)
+    assert (told.tally.drains, told.tally.requeues) == (0, 1)
+    d = Delays()
+    path = d.ib_port_down_for + d.scrape + d.evaluation + d.group_interval
+    assert 0 < told.gpu_hours_lost - oracle.gpu_hours_lost < 32 * 8 * path / H
+
+
+def test_informed_does_not_take_an_earlier_failure_s_late_alert_for_a_newer_one():
+    world = World(small(), Delays())
+    told = Informed(world)
+    world.place()
+    node = world.nodes[5]
+    assert node.job is not None
+    job = world.jobs[node.job]
+    world.now = 2 * H
+    told.failure(Fault(2 * H, "gpu", 5, gpu=3), [job])
+
+    def alert(at: float) -> Alert:
+        labels = {"alertname": "GpuXidNodeFault", "node": node.name, "signal": "gpu_hw"}
+        return Alert.model_construct(
+            status="firing", labels=labels, annotations={}, startsAt=when(at), endsAt=None
+        )
+
+    told.alert(alert(2 * H - 120))  # started before the failure: of an earlier one
+    assert (world.tally.drains, world.tally.requeues) == (0, 0)
+    told.alert(alert(2 * H + 20))
+    assert (world.tally.drains, world.tally.requeues) == (1, 1)
+    told.alert(alert(2 * H + 30))  # the same failure's next alert: remedied once
+    assert (world.tally.drains, world.tally.requeues) == (1, 1)
 
 
 def test_the_decisions_come_from_the_real_core():

@@ -805,29 +805,38 @@ class Ledger:
         with self.session() as s:
             older = (DecisionRow.at < before, DecisionRow.action == "requeue")
             if jobs is None:
-                found = list(self._past(s, *older))
+                chunks = [self._past(s, *older, where_failed=False)]
             else:
                 ids = sorted(jobs)
-                found = [
-                    h
+                chunks = [
+                    self._past(
+                        s, *older, DecisionRow.job.in_(ids[i : i + IN_CHUNK]), where_failed=False
+                    )
                     for i in range(0, len(ids), IN_CHUNK)
-                    for h in self._past(s, *older, DecisionRow.job.in_(ids[i : i + IN_CHUNK]))
                 ]
-            requeues = [h for h in found if h.exclude or h.readmit]
+            requeues = [h for chunk in chunks for h in chunk if h.exclude or h.readmit]
             excluded = {n for h in requeues for n in h.exclude}
-            drains = [
-                h
-                for h in self._past(s, DecisionRow.at < before, DecisionRow.action == "drain")
-                if not excluded.isdisjoint(h.nodes)
-            ]
+            drains = (
+                [
+                    h
+                    for h in self._past(s, DecisionRow.at < before, DecisionRow.action == "drain")
+                    if not excluded.isdisjoint(h.nodes)
+                ]
+                if excluded
+                else []
+            )
         # In time order; a drain before the requeue its incident decided with it.
         yield from sorted([*requeues, *drains], key=lambda h: (h.at, h.action != "drain"))
 
     @staticmethod
-    def _past(s: Session, *where: ColumnElement[bool]) -> Iterator[PastAction]:
+    def _past(
+        s: Session, *where: ColumnElement[bool], where_failed: bool = True
+    ) -> Iterator[PastAction]:
         """The decisions that count as done (not superseded, no guard said no), as the guards
         remember them. Streamed, each row's evidence read only where it is needed: a year of a
-        large cluster's decisions does not fit in memory at once."""
+        large cluster's decisions does not fit in memory at once. Without `where_failed`, a
+        requeue nobody was blamed for does not say where its failure began (its evidence is
+        not read: what excludes nodes needs only its exclusions)."""
         rows = s.scalars(
             select(DecisionRow)
             .where(*where, DecisionRow.state != SUPERSEDED)
@@ -849,7 +858,7 @@ class Ledger:
                 )
             elif r.guard is None:
                 nodes = tuple(r.nodes)
-                if r.action == "requeue" and r.cause in BLAMELESS:
+                if r.action == "requeue" and r.cause in BLAMELESS and where_failed:
                     # Where the failure nobody could be blamed for began: its next time there
                     # implicates that node.
                     nodes = first_node(r.evidence)
