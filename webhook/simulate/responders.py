@@ -17,7 +17,6 @@ one that a restart cures.
 
 from __future__ import annotations
 
-import itertools
 from datetime import datetime
 from functools import partial
 from typing import NamedTuple, Protocol
@@ -115,9 +114,9 @@ class Oracle(_Passive):
 
 
 class _Told(NamedTuple):
-    seq: int
     fault: Fault
     attempts: list[tuple[SimJob, int]]
+    keys: list[tuple[str, str]]  # the (label, value) its alerts name it by
 
 
 class Informed(_Passive):
@@ -127,37 +126,33 @@ class Informed(_Passive):
 
     def __init__(self, world: World) -> None:
         self.world = world
-        # Failures not yet remedied, by the node and the job their alerts name: (a number of
-        # its own, the failure, the attempts it hit).
-        self.by_node: dict[str, list[_Told]] = {}
-        self.by_job: dict[str, list[_Told]] = {}
-        self.done: set[int] = set()
-        self.seq = itertools.count()
+        # Failures not yet remedied, by each (label, value) their alerts name them by.
+        self.pending: dict[tuple[str, str], list[_Told]] = {}
 
     def failure(self, fault: Fault, jobs: list[SimJob]) -> None:
-        told = _Told(next(self.seq), fault, [(j, j.restarts) for j in jobs])
         if fault.kind == "switch":
             nodes = [n.name for n in self.world.nodes if n.leaf == fault.where]
         else:
             nodes = [node_name(fault.where)] if fault.kind in NODE_FAULTS else []
-        for name in nodes:
-            self.by_node.setdefault(name, []).append(told)
-        for j in jobs:
-            self.by_job.setdefault(str(j.id), []).append(told)
+        keys = [("node", n) for n in nodes] + [("slurm_job_id", str(j.id)) for j in jobs]
+        told = _Told(fault, [(j, j.restarts) for j in jobs], keys)
+        for key in keys:
+            self.pending.setdefault(key, []).append(told)
 
     def alert(self, alert: Alert) -> None:
-        labels = alert.labels
         started = (alert.startsAt - EPOCH).total_seconds()
-        for index, key in ((self.by_node, "node"), (self.by_job, "slurm_job_id")):
-            pending = [t for t in index.get(labels.get(key, ""), []) if t.seq not in self.done]
-            for t in pending:
-                # A late alert of an earlier failure tells nothing of a newer one (startsAt is
-                # whole seconds).
-                if t.fault.at <= started + 1:
-                    self.done.add(t.seq)
-                    remedy(self.world, t.fault, t.attempts, oracle=True)
-            if pending:
-                index[labels[key]] = [t for t in pending if t.seq not in self.done]
+        for key in (
+            ("node", alert.labels.get("node", "")),
+            ("slurm_job_id", alert.labels.get("slurm_job_id", "")),
+        ):
+            # A late alert of an earlier failure tells nothing of a newer one (startsAt is
+            # whole seconds).
+            for told in [t for t in self.pending.get(key, []) if t.fault.at <= started + 1]:
+                for k in told.keys:  # remedied once, whichever alert comes next
+                    self.pending[k].remove(told)
+                    if not self.pending[k]:
+                        del self.pending[k]
+                remedy(self.world, told.fault, told.attempts, oracle=True)
 
 
 class Naive(_Passive):
