@@ -6,7 +6,9 @@ slurmedic's webhook will. Each test checks the alert's `node`, `slurm_job_id` an
 """
 
 import time
+import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -235,6 +237,65 @@ def test_crashed_rank_reaches_the_webhook(
     assert alert["labels"]["signal"] == signal
     tb = delivered(receiver, "TrainingPythonTraceback", since, slurm_job_id=str(job), rank="1")
     assert tb["labels"]["signal"] == "app_error"
+
+
+def tailing(cfg: LabConfig, log: Path) -> None:
+    """Start a job log and wait until mtail reads it: mtail starts a file it finds at its end
+    (3.0.0-rc50 too when the file is new), so a line written before would be lost."""
+
+    def read() -> bool:
+        with log.open("a") as f:
+            f.write("srun: job step starting\n")
+        with urllib.request.urlopen(f"{cfg.url(cfg.mtail_port)}/metrics", timeout=5) as r:
+            return f'logfile="{log}"' in r.read().decode()
+
+    eventually(read, interval=0.5, what=f"mtail reading {log.name}")
+
+
+def test_a_task_that_fails_again_within_the_window_is_a_new_alert(
+    lab_cfg: LabConfig, receiver: Receiver
+) -> None:
+    """A requeued attempt on the same node that fails within `joblog_window` of the last
+    failure: the rule names each failure by its line's time, so the second is an alert of its
+    own (slurmedic sees a new failure), and the first one resolves."""
+    # Slurm's task summary in a batch output file, as srun writes it when a task exits non-zero
+    # (the lab's own jobs write their batch output elsewhere). A job id no lab job has.
+    job, node = str(900000 + int(time.time()) % 90000), lab_cfg.nodes[0]
+    batch = lab_cfg.joblogs / f"slurm-{job}.out"
+    line = f"srun: error: {node}: task 1: Exited with exit code 1\n"
+    tailing(lab_cfg, batch)
+    since = time.time()
+    with batch.open("a") as f:
+        f.write(line)
+    first = delivered(receiver, "TrainingTaskFailed", since, slurm_job_id=job, node=node)
+    assert first["labels"]["rank"] == "1" and first["labels"]["signal"] == "app_error"
+    failed_at = int(first["labels"]["failed_at"])
+    assert since - 1 <= failed_at <= time.time()
+    # mtail stamps a line with the second it read it: the next one must come a second later.
+    eventually(lambda: time.time() >= failed_at + 1, what="the next second")
+    with batch.open("a") as f:
+        f.write(line)
+    second = eventually(
+        lambda: [
+            a
+            for a in receiver.alerts("TrainingTaskFailed", since=since, slurm_job_id=job)
+            if a["labels"]["failed_at"] != str(failed_at)
+        ],
+        timeout=40.0,
+        what="a second TrainingTaskFailed",
+    )[0]
+    assert int(second["labels"]["failed_at"]) > failed_at
+    assert second["fingerprint"] != first["fingerprint"]
+
+    def resolved() -> bool:
+        with receiver.lock:
+            return any(
+                a["status"] == "resolved" and a["fingerprint"] == first["fingerprint"]
+                for n in receiver.notifications
+                for a in n["payload"]["alerts"]
+            )
+
+    eventually(resolved, timeout=40.0, what="the first failure's alert resolved")
 
 
 def test_slow_rank_is_a_straggler(
