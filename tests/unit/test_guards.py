@@ -27,6 +27,7 @@ T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 GPU = Attribution("gpu_hardware", ("gpu02",), "XID 79 on gpu02")
 APP = Attribution("application", (), "XID 13 on gpu01")
+HANG = Attribution("hang", (), "every rank timed out")
 UNKNOWN = Attribution("unknown", (), "NCCL timeouts on some ranks")
 
 
@@ -314,13 +315,24 @@ def test_no_progress_stops_a_job_whose_restarts_never_reach_a_checkpoint() -> No
         PastAction(T0 - timedelta(minutes=m), "recovery_failed", 7, before_checkpoint=True)
         for m in (30, 10)
     )
-    c = ctx(GPU, job(), history=stalls)
-    out = g.no_progress(planned(c, "requeue"), c)
-    assert summary(out) == [("stop", "no_progress", (), ()), ("escalate", "no_progress", (), ())]
-    assert out.decisions[0].reason.startswith("job 7's last 2 restart(s) failed before their")
-    one = ctx(GPU, job(), history=stalls[:1])
-    d = planned(one, "requeue")
-    assert g.no_progress(d, one) == g.Outcome((d,))
+    retrying = job("FAILED", comment={"retry_application": True})
+    for why in (APP, HANG):
+        c = ctx(why, retrying, history=stalls)
+        out = g.no_progress(planned(c, "requeue"), c)
+        assert summary(out) == [
+            ("stop", "no_progress", (), ()),
+            ("escalate", "no_progress", (), ()),
+        ]
+        assert out.decisions[0].reason.startswith("job 7's last 2 restart(s) failed before their")
+        one = ctx(why, retrying, history=stalls[:1])
+        d = planned(one, "requeue")
+        assert g.no_progress(d, one) == g.Outcome((d,))
+    # A new fault on hardware it blames ended this attempt: requeued, whatever came before (a
+    # large job meets one every few hours; the budget bounds them).
+    for why in (GPU, Attribution("node_failure", ("gpu02",), "gpu02 not responding")):
+        c = ctx(why, job(), history=stalls)
+        d = planned(c, "requeue")
+        assert d.action == "requeue" and g.no_progress(d, c) == g.Outcome((d,))
 
 
 def test_retry_budget_spends_a_requeue_it_lets_through() -> None:

@@ -110,11 +110,28 @@ def test_failed_when_the_successor_ends_first_or_makes_no_progress_after_it_star
     v = judge(WATCH, ranks(1, 110, 110, ckpt=110), job(restarts=2), at(60), VERIFY)
     assert (v.state, v.before_checkpoint, v.charged) == ("failed", False, False)
     assert v.reason.startswith("attempt 1 was requeued again")
-    # The deadline runs from the successor's start, not from the requeue.
+    # The deadline runs from the successor's start, not from the requeue, and gives it the
+    # time to redo the work lost (40 s here) on top of the policy's 600 s.
     late_start = job(started=300)
-    assert judge(WATCH, ranks(1, 110), late_start, at(850), VERIFY).state == "watching"
-    v = judge(WATCH, ranks(1, 110), late_start, at(901), VERIFY)
-    assert v.state == "failed" and v.charged and "within 600 s of its start" in v.reason
+    assert judge(WATCH, ranks(1, 110), late_start, at(939), VERIFY).state == "watching"
+    v = judge(WATCH, ranks(1, 110), late_start, at(941), VERIFY)
+    assert v.state == "failed" and v.charged
+    assert "within 640 s of its start (40 s of them to redo lost work)" in v.reason
+
+
+def test_a_job_that_lost_hours_of_work_has_the_hours_to_redo_them() -> None:
+    # Checkpoints every two hours, a failure 1.5 h after the last one: the successor needs
+    # 1.5 h of training (after its restart) to pass the step, and is not failed at 600 s.
+    lost = replace(WATCH, point=replace(WATCH.point, work_lost_seconds=5400))
+    assert lost.deadline(VERIFY) == timedelta(seconds=6000)
+    assert judge(lost, ranks(1, 110), job(), at(3600), VERIFY).state == "watching"
+    v = judge(lost, ranks(1, 110), job(), at(6030), VERIFY)
+    assert v.state == "failed" and "within 6000 s" in v.reason
+    # Without the time of the lost work (the ranks report no checkpoint times): the policy's.
+    unknown = replace(WATCH, point=replace(WATCH.point, work_lost_seconds=None))
+    assert unknown.deadline(VERIFY) == timedelta(seconds=600)
+    v = judge(unknown, ranks(1, 110), job(), at(630), VERIFY)
+    assert "within 600 s of its start before" in v.reason
 
 
 def test_waiting_in_the_queue_is_not_a_failure() -> None:
@@ -210,20 +227,26 @@ def test_a_job_whose_restarts_keep_failing_before_a_checkpoint_is_not_requeued_a
         PastAction(at=T0, action="recovery_failed", job=42, before_checkpoint=True),
         PastAction(at=T0, action="recovery_failed", job=42, before_checkpoint=True),
     ]
-    fault = wrap(
-        [
-            Alert(
-                status="firing",
-                startsAt=T0 + timedelta(minutes=1),
-                labels={"alertname": "GpuXidNodeFault", "signal": "gpu_hw", "node": "gpu02"},
-            )
-        ]
+
+    def alert(name: str, signal: str) -> Alert:
+        labels = {"alertname": name, "signal": signal, "node": "gpu02", "slurm_job_id": "42"}
+        return Alert(status="firing", startsAt=T0 + timedelta(minutes=1), labels=labels)
+
+    # Its own crash again (it asks for requeues of those): stopped after two.
+    crashed = replace(
+        view.jobs[42], state="FAILED", comment='{"slurmedic": {"retry_application": true}}'
     )
+    view.set_job(crashed)
     for history, expected in ((failed[:1], "requeue"), (failed, "stop")):
         e = Engine.with_history(view, load_policy({"settle_seconds": 0}), history)
-        e.receive(fault, T0 + timedelta(minutes=1))
+        e.receive(wrap([alert("TrainingTaskFailed", "app_error")]), T0 + timedelta(minutes=1))
         got = {d.action: d for d in e.tick(T0 + timedelta(minutes=2))}
-        assert expected in got and "drain" in got  # the bad node is drained either way
+        assert expected in got, got
         if expected == "stop":
             assert got["stop"].guard == got["escalate"].guard == "no_progress"
             assert "before their first checkpoint" in got["stop"].reason
+    # A new GPU fault is not the job failing to progress: the node drained, the job requeued.
+    e = Engine.with_history(view, load_policy({"settle_seconds": 0}), failed)
+    e.receive(wrap([alert("GpuXidNodeFault", "gpu_hw")]), T0 + timedelta(minutes=1))
+    got = {d.action: d for d in e.tick(T0 + timedelta(minutes=2))}
+    assert set(got) == {"drain", "requeue"}, got

@@ -19,7 +19,7 @@ verdict and decisions out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from webhook.core.cluster import Job
@@ -100,6 +100,13 @@ class Watch:
     requeued_at: datetime
     point: FailurePoint
 
+    def deadline(self, verify: Verify) -> timedelta:
+        """How long from its start the successor has to pass the step: the policy's deadline
+        (its restart, loading the checkpoint) and the work it has to redo, since the failed
+        attempt's last checkpoint. A job that checkpoints every two hours may fail nearly two
+        hours after its last one; a fixed deadline would call every such recovery a failure."""
+        return verify.deadline + timedelta(seconds=max(self.point.work_lost_seconds or 0.0, 0.0))
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -171,11 +178,14 @@ def judge(
         return Verdict("watching", f"waiting for attempt {successor} to start")
     assert job.started is not None
     since = max(job.started, watch.requeued_at)
-    if (now - since) > verify.deadline:
+    deadline = watch.deadline(verify)
+    if (now - since) > deadline:
+        redo = deadline - verify.deadline
+        also = f" ({redo.total_seconds():g} s of them to redo lost work)" if redo else ""
         return Verdict(
             "failed",
             f"attempt {successor} did not pass step {target:g} within "
-            f"{verify.deadline.total_seconds():g} s of its start{note}",
+            f"{deadline.total_seconds():g} s of its start{also}{note}",
             None,
             early,
             charged=True,
