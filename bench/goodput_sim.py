@@ -33,6 +33,7 @@ from webhook.simulate.trace import draw
 INTERVALS = ("10m", "20m", "30m", "1h", "2h")
 RETRY_APPLICATION = '{"slurmedic": {"retry_application": true}}'
 AWAY = "slurmedic, retry_application, requeue_away"
+VERIFIED = f"{AWAY}, verify (the recovery check)"
 INFORMED = "informed: the oracle, on the first alert of each failure"
 
 
@@ -85,6 +86,13 @@ def seeds(cfg: SimConfig, asking: SimConfig, policy: Policy, waits: Delays, n: i
             policies=("slurmedic",),
         )
         rows.setdefault(AWAY, []).append(away[0].ettr_cluster)
+        checked = compare(
+            asking.model_copy(update={"seed": seed, "verify": True}),
+            policy=requeue_away(policy),
+            delays=waits,
+            policies=("slurmedic",),
+        )
+        rows.setdefault(VERIFIED, []).append(checked[0].ettr_cluster)
         told = compare(at, policy=policy, delays=waits, policies=("informed",))
         rows.setdefault(INFORMED, []).append(told[0].ettr_cluster)
     oracle = rows["oracle"]

@@ -130,7 +130,7 @@ def test_informed_does_not_take_an_earlier_failure_s_late_alert_for_a_newer_one(
 
 
 def test_the_decisions_come_from_the_real_core():
-    cfg = small()
+    cfg = small(verify=True)
     world = World(cfg, delays())
     responder = Slurmedic(world, load_policy({}))
     world.on_alert, world.on_change = responder.alert, responder.changed
@@ -151,6 +151,8 @@ def test_the_decisions_come_from_the_real_core():
     big = world.jobs[1]
     assert big.state == "RUNNING" and big.restarts == 1
     assert world.nodes[5].index not in big.nodes
+    # The recovery check saw the successor train past where the job had failed.
+    assert [h.job for h in responder.engine.guards.history if h.action == "recovered"] == [1]
 
 
 def test_a_leaf_switch_storm_naive_drains_healthy_nodes_slurmedic_drains_none():
@@ -195,6 +197,32 @@ def test_past_the_retry_budget_the_core_stops_a_job_whose_nodes_keep_failing():
     sized = run(cfg, "slurmedic", faults, retry_budget={"max_requeues": 10})
     assert sized.tally.requeues == 4 and sized.tally.stops == 0
     assert sized.ettr_largest > default.ettr_largest
+
+
+def test_the_recovery_check_stops_a_crash_loop_the_budget_would_let_run():
+    # The owner asked for requeues of the job's own crashes; its bug recurs on every restart,
+    # minutes in, before the first checkpoint. As the live loop does (webhook.service.verify),
+    # each failed restart is escalated and counted, and the core's `no_progress` guard stops
+    # the job after two; without the check, only the budget stops it.
+    asking = small(
+        jobs=[
+            {"name": "big", "nodes": 48, "comment": '{"slurmedic": {"retry_application": true}}'},
+            {"name": "small", "count": 2, "nodes": 4},
+        ],
+        verify=True,
+    )
+    loop = [Fault(2 * H, "app", 5, recurs=True, fix_after=12 * H)]
+    checked = run(asking, "slurmedic", loop, retry_budget={"max_requeues": 10})
+    unchecked = run(
+        asking.model_copy(update={"verify": False}),
+        "slurmedic",
+        loop,
+        retry_budget={"max_requeues": 10},
+    )
+    assert checked.guards.get("recovery_failed", 0) >= 2 and "no_progress" in checked.guards
+    assert checked.tally.stops == 1 and checked.tally.requeues <= 4
+    assert unchecked.guards == {"retry_budget_exhausted": 2}
+    assert unchecked.tally.requeues == 10 and unchecked.tally.stops == 1
 
 
 def test_every_policy_on_a_drawn_trace():

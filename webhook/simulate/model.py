@@ -123,6 +123,9 @@ class SimConfig(_Model):
     link_repair: Duration = timedelta(hours=4)
     switch_repair: Duration = timedelta(hours=1)
     human: HumanDelay = HumanDelay()
+    # slurmedic checks that each requeue it made brought the job back to training: a site that
+    # pushes training progress and sets `verification.prometheus_url` (off by default there too).
+    verify: bool = False
     seed: int = 1
 
     @property

@@ -28,6 +28,7 @@ from webhook.core.incidents import BadIncidentKey, IncidentKey
 from webhook.core.lifecycle import PENDING
 from webhook.core.policy import Policy
 from webhook.simulate.model import NODE_FAULTS
+from webhook.simulate.recovery import Recoveries
 from webhook.simulate.trace import Fault
 from webhook.simulate.world import EPOCH, SimJob, World, node_name, when
 
@@ -76,7 +77,10 @@ class Person:
         w = self.world
         attempts = [(j, j.restarts) for j in jobs]
         w.person_on.update((j.id, attempt) for j, attempt in attempts)
-        took = w.person("handle", fault.at, fault.kind, fault.where, *sorted(attempts[:1]))
+        # Named by the failure and the first attempt's job and number, not by the job's state
+        # (which differs between policies): the same failure, the same person's delay.
+        first = [(j.id, attempt) for j, attempt in attempts[:1]]
+        took = w.person("handle", fault.at, fault.kind, fault.where, *first)
         w.later(w.now + took, partial(remedy, w, fault, attempts, oracle=False))
 
 
@@ -184,6 +188,9 @@ class Slurmedic(_Passive):
         # What-if it acted: every action in enforce mode, on every partition.
         acting = policy.model_copy(update={"mode": "enforce", "actions": {}, "partitions": {}})
         self.engine = Engine.with_history(world.view, acting, [])
+        self.recoveries = (
+            Recoveries(world, acting, self.engine.guards) if world.cfg.verify else None
+        )
         self.person = Person(world)
         self.carried: set[str] = set()
         self.decisions: list[Decision] = []
@@ -196,18 +203,32 @@ class Slurmedic(_Passive):
 
     def changed(self) -> None:
         self.engine.update_view(self.world.view, self._now())
+        self._verify()
 
     def next_due(self) -> float | None:
         due = self.engine.next_due()
-        return None if due is None else (due - EPOCH).total_seconds()
+        dues = [] if due is None else [(due - EPOCH).total_seconds()]
+        if self.recoveries is not None and (checked := self.recoveries.next_due()) is not None:
+            dues.append(checked)
+        return min(dues, default=None)
 
     def tick(self) -> None:
         self.engine.close([k for k in self.engine.revisable() if k in self.carried])
-        for d in self.engine.tick(self._now()):
+        self._decided(self.engine.tick(self._now()))
+        self._verify()
+        self.world.flush()
+
+    def _verify(self) -> None:
+        # The live loop judges every few seconds; here, whenever the cluster changed (an
+        # attempt started or ended) and at a successor's deadline.
+        if self.recoveries is not None:
+            self._decided(self.recoveries.judge())
+
+    def _decided(self, decisions: list[Decision]) -> None:
+        for d in decisions:
             self.decisions.append(d)
             if d.state == PENDING:
                 self._carry_out(d)
-        self.world.flush()
 
     def _attempt(self, d: Decision) -> SimJob | None:
         """The job, when the attempt decided on is still its current one."""
@@ -217,6 +238,15 @@ class Slurmedic(_Passive):
             return None
         job = self.world.jobs.get(key.job) if key.job is not None else None
         return job if job is not None and job.restarts == key.attempt else None
+
+    def _recovering(self, d: Decision) -> SimJob | None:
+        """The job of a failed recovery's escalation: its attempt now, whichever it is (a person
+        looks at the job; they act only if that attempt failed too)."""
+        try:
+            key = IncidentKey.parse(d.incident)
+        except BadIncidentKey:
+            return None
+        return self.world.jobs.get(key.job) if key.kind == "verify" and key.job else None
 
     @staticmethod
     def _node_of(d: Decision) -> list[str]:
@@ -235,12 +265,14 @@ class Slurmedic(_Passive):
             w.drain(d.nodes)
         elif d.action in ("requeue", "stop") and (job := self._attempt(d)) is not None:
             if d.action == "requeue":
-                w.requeue(job, d.exclude, readmit=d.readmit)
+                fault_at = job.fault.at if job.fault is not None else w.now
+                if w.requeue(job, d.exclude, readmit=d.readmit) and self.recoveries is not None:
+                    self.recoveries.watch(d.incident, d.cause, job, fault_at)
             else:
                 w.stop(job)
         elif d.action == "escalate":
             w.tally.escalations += 1
-            job = self._attempt(d)
+            job = self._attempt(d) or self._recovering(d)
             if job is not None and job.fault is not None:
                 self.person.handle(job.fault, [job])
             for name in d.nodes or self._node_of(d):

@@ -72,6 +72,10 @@ class SimJob:
     # job last stopped training (its last attempt's end): the loss breakdown's bookkeeping.
     cause: str = START
     idle_since: float = 0.0
+    # Training progress as the job reports it (in seconds of training): where the current
+    # attempt resumed from, and how far the last attempt to end had got.
+    resumed: float = 0.0
+    reached: float = 0.0
 
     @property
     def share(self) -> float:
@@ -82,6 +86,14 @@ class SimJob:
     @property
     def running(self) -> bool:
         return self.state == "RUNNING"
+
+    def progress(self, t: float) -> tuple[float, float] | None:
+        """The current attempt's step and last checkpoint by `t` (None before it started)."""
+        if self.state == "PENDING":
+            return None
+        if self.running:
+            return self.resumed + self.saved(t, last=True), self.resumed + self.saved(t)
+        return self.reached, self.productive
 
     def saved(self, t: float, *, last: bool = False) -> float:
         """Checkpointed training of the current attempt by `t` (`last`: the span ends, nothing
@@ -251,11 +263,19 @@ class World:
         self.later(received, deliver)
 
     def _job_alerts(
-        self, job: SimJob, cond: float, alertname: str, signal: str, **notes: str
+        self,
+        job: SimJob,
+        cond: float,
+        alertname: str,
+        signal: str,
+        named: str | None = None,
+        **notes: str,
     ) -> None:
         """A job-side alert from every node of the attempt, when its condition comes, if the
-        attempt still runs then (one rank a node: its ranks say the same)."""
+        attempt still runs then (one rank a node: its ranks say the same). `named`: the rule
+        labels the alert with its line's time under this name (each line a new alert)."""
         per_node, attempt = self.cfg.gpus_per_node, job.restarts
+        event = {named: str(int(when(cond).timestamp()))} if named else {}
 
         def emit() -> None:
             if job.restarts != attempt or not job.running:
@@ -268,7 +288,7 @@ class World:
                     "node": self.nodes[i].name,
                     "slurm_job_id": str(job.id),
                     "rank": str(rank * per_node),
-                }
+                } | event
                 self._alert(cond, 0.0, labels, **notes)
 
         self.later(cond, emit)
@@ -379,7 +399,7 @@ class World:
         attempt = (job.id, job.restarts)
         if f.kind in ("gpu", "app"):
             if f.kind == "app":
-                self._job_alerts(job, t, "TrainingTaskFailed", "app_error")
+                self._job_alerts(job, t, "TrainingTaskFailed", "app_error", named="failed_at")
             self.later(t + d.crash, lambda: self._ended(attempt, "FAILED"))
         elif f.kind == "node":
             self.later(t + d.slurmd_timeout, lambda: self._ended(attempt, "NODE_FAIL"))
@@ -423,6 +443,7 @@ class World:
             self.on_owner(fault, job)
 
     def _end_attempt(self, job: SimJob, state: str) -> None:
+        job.reached = job.resumed + job.saved(self.now, last=True)
         saved = job.saved(self.now)
         job.productive += saved
         self._charge(job, saved)
@@ -593,7 +614,7 @@ class World:
     def _start(self, job: SimJob, nodes: list[int]) -> None:
         self._lose(job, self._waited(job))
         job.nodes, job.state, job.started, job.ended = nodes, "RUNNING", self.now, None
-        job.stalled, job.fault = None, None
+        job.stalled, job.fault, job.resumed = None, None, job.productive
         job.attempts += 1
         for i in nodes:
             self.nodes[i].job = job.id

@@ -1,0 +1,80 @@
+"""The live loop's recovery check (webhook.service.verify) on the simulated cluster: each
+requeue slurmedic carried out is watched until its successor trains past the step the job had
+reached, or fails to. The judging is the core's (webhook.core.recovery); what the job reports
+comes from the simulated training (one rank: the simulator's ranks all say the same) in place
+of Prometheus. A failed recovery is escalated, counts against the job (`no_progress`) when it is
+the job's own, and stops a job that keeps failing before its first checkpoint."""
+
+from __future__ import annotations
+
+from webhook.core.decisions import Decision, GuardState, PastAction
+from webhook.core.policy import Policy
+from webhook.core.recovery import FailurePoint, RankProgress, Watch, judge, on_failure
+from webhook.simulate.world import EPOCH, SimJob, World, when
+
+
+class Recoveries:
+    def __init__(self, world: World, policy: Policy, guards: GuardState) -> None:
+        self.world, self.policy, self.guards = world, policy, guards
+        self.watches: dict[str, Watch] = {}  # by the requeue's incident
+
+    def watch(self, incident: str, cause: str, job: SimJob, fault_at: float) -> None:
+        """`job` was just requeued for `incident`: watch its successor."""
+        self.watches[incident] = Watch(
+            incident=incident,
+            job=job.id,
+            attempt=job.restarts - 1,
+            cause=cause,
+            fault_at=when(fault_at),
+            requeued_at=when(self.world.now),
+            point=FailurePoint(
+                step=job.reached,
+                checkpoint_step=job.productive,
+                work_lost_seconds=job.reached - job.productive,
+            ),
+        )
+
+    def _ranks(self, job: SimJob) -> list[RankProgress]:
+        progress = job.progress(self.world.now)
+        if progress is None:
+            return []
+        step, checkpoint = progress
+        return [RankProgress(rank=0, attempt=job.restarts, step=step, checkpoint_step=checkpoint)]
+
+    def next_due(self) -> float | None:
+        """Just past the earliest deadline of a successor that runs (the core's is strict)."""
+        dues = [
+            max(job.started, (watch.requeued_at - EPOCH).total_seconds())
+            + watch.deadline(self.policy.verify).total_seconds()
+            + 1
+            for watch in self.watches.values()
+            if (job := self.world.jobs[watch.job]).running and job.restarts == watch.attempt + 1
+        ]
+        return min(dues, default=None)
+
+    def judge(self) -> list[Decision]:
+        """Judge every watch; the decisions of the failed recoveries."""
+        w, now = self.world, when(self.world.now)
+        decisions: list[Decision] = []
+        for incident, watch in list(self.watches.items()):
+            job = w.jobs[watch.job]
+            seen = w.view.jobs.get(job.id)
+            verdict = judge(watch, self._ranks(job), seen, now, self.policy.verify)
+            if verdict.state == "watching":
+                continue
+            del self.watches[incident]
+            if verdict.state == "recovered":
+                self.guards.history.append(PastAction(at=now, action="recovered", job=job.id))
+            elif verdict.state == "failed":
+                decisions += on_failure(watch, verdict, seen, self.guards, self.policy, now)
+                if verdict.charged:
+                    self.guards.history.append(
+                        PastAction(
+                            at=now,
+                            action="recovery_failed",
+                            job=job.id,
+                            cause=watch.cause,
+                            before_checkpoint=verdict.before_checkpoint,
+                        )
+                    )
+        return decisions
