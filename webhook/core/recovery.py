@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from webhook.core.cluster import Job
-from webhook.core.decisions import Decision, GuardState, with_mode
+from webhook.core.decisions import Decision, GuardState, PastAction, with_mode
 from webhook.core.incidents import IncidentKey
 from webhook.core.policy import Policy, Verify
 
@@ -191,6 +191,22 @@ def judge(
             charged=True,
         )
     return Verdict("watching", f"waiting for attempt {successor} to pass step {target:g}")
+
+
+def remembered(watch: Watch, verdict: Verdict, now: datetime) -> PastAction | None:
+    """What the guards keep of a verdict: a recovery (it ends a run of failed ones), or a
+    failure that was the job's own (it spends the budget and counts towards `no_progress`)."""
+    if verdict.state == "recovered":
+        return PastAction(at=now, action="recovered", job=watch.job)
+    if verdict.state == "failed" and verdict.charged:
+        return PastAction(
+            at=now,
+            action="recovery_failed",
+            job=watch.job,
+            cause=watch.cause,
+            before_checkpoint=verdict.before_checkpoint,
+        )
+    return None
 
 
 def on_failure(

@@ -14,11 +14,18 @@ from datetime import UTC, datetime
 
 from webhook.adapters.prometheus import Prometheus, PrometheusError
 from webhook.core.cluster import ClusterView
-from webhook.core.decisions import Decision, GuardState, PastAction
+from webhook.core.decisions import Decision, GuardState
 from webhook.core.disruption import with_disruption
 from webhook.core.incidents import attempt_of
 from webhook.core.policy import Policy
-from webhook.core.recovery import RankProgress, Watch, failure_point, judge, on_failure
+from webhook.core.recovery import (
+    RankProgress,
+    Watch,
+    failure_point,
+    judge,
+    on_failure,
+    remembered,
+)
 from webhook.ledger.store import Ledger
 
 log = logging.getLogger("slurmedic.verify")
@@ -97,16 +104,6 @@ class Verifier:
             ]
         ids = self.ledger.conclude(watch.incident, verdict, now, decisions)
         log.info("recovery of %s %s: %s", watch.incident, verdict.state, verdict.reason)
-        if verdict.state == "recovered":
-            guards.history.append(PastAction(at=now, action="recovered", job=watch.job))
-        if verdict.state == "failed" and verdict.charged:
-            guards.history.append(
-                PastAction(
-                    at=now,
-                    action="recovery_failed",
-                    job=watch.job,
-                    cause=watch.cause,
-                    before_checkpoint=verdict.before_checkpoint,
-                )
-            )
+        if (kept := remembered(watch, verdict, now)) is not None:
+            guards.history.append(kept)
         return ids

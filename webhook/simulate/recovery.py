@@ -7,9 +7,16 @@ the job's own, and stops a job that keeps failing before its first checkpoint.""
 
 from __future__ import annotations
 
-from webhook.core.decisions import Decision, GuardState, PastAction
+from webhook.core.decisions import Decision, GuardState
 from webhook.core.policy import Policy
-from webhook.core.recovery import FailurePoint, RankProgress, Watch, judge, on_failure
+from webhook.core.recovery import (
+    FailurePoint,
+    RankProgress,
+    Watch,
+    judge,
+    on_failure,
+    remembered,
+)
 from webhook.simulate.world import EPOCH, SimJob, World, when
 
 
@@ -63,18 +70,8 @@ class Recoveries:
             if verdict.state == "watching":
                 continue
             del self.watches[incident]
-            if verdict.state == "recovered":
-                self.guards.history.append(PastAction(at=now, action="recovered", job=job.id))
-            elif verdict.state == "failed":
+            if verdict.state == "failed":
                 decisions += on_failure(watch, verdict, seen, self.guards, self.policy, now)
-                if verdict.charged:
-                    self.guards.history.append(
-                        PastAction(
-                            at=now,
-                            action="recovery_failed",
-                            job=job.id,
-                            cause=watch.cause,
-                            before_checkpoint=verdict.before_checkpoint,
-                        )
-                    )
+            if (kept := remembered(watch, verdict, now)) is not None:
+                self.guards.history.append(kept)
         return decisions
