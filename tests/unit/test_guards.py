@@ -327,12 +327,18 @@ def test_no_progress_stops_a_job_whose_restarts_never_reach_a_checkpoint() -> No
         one = ctx(why, retrying, history=stalls[:1])
         d = planned(one, "requeue")
         assert g.no_progress(d, one) == g.Outcome((d,))
-    # A new fault on hardware it blames ended this attempt: requeued, whatever came before (a
-    # large job meets one every few hours; the budget bounds them).
-    for why in (GPU, Attribution("node_failure", ("gpu02",), "gpu02 not responding")):
-        c = ctx(why, job(), history=stalls)
+    # A requeue for a new hardware fault starts the run afresh (a large job meets one every
+    # few hours): the failed recovery before it is not counted; a link's or a host's too.
+    for cause in ("gpu_hardware", "node_failure", "network"):
+        fault = PastAction(T0 - timedelta(minutes=20), "requeue", 7, cause=cause)
+        c = ctx(APP, retrying, history=(stalls[0], fault, stalls[1]))
         d = planned(c, "requeue")
-        assert d.action == "requeue" and g.no_progress(d, c) == g.Outcome((d,))
+        assert g.no_progress(d, c) == g.Outcome((d,)), cause
+    # Not a straggler's (a slow rank does not end a restart), nor an application's.
+    for cause in ("straggler", "application"):
+        other = PastAction(T0 - timedelta(minutes=20), "requeue", 7, cause=cause)
+        c = ctx(APP, retrying, history=(stalls[0], other, stalls[1]))
+        assert g.no_progress(planned(c, "requeue"), c).decisions[0].action == "stop", cause
 
 
 def test_retry_budget_spends_a_requeue_it_lets_through() -> None:

@@ -71,6 +71,11 @@ def test_the_failure_point_is_the_furthest_step_and_the_oldest_checkpoint() -> N
     assert p.target == 121
     assert failure_point([], 0) == FailurePoint()
     assert FailurePoint(checkpoint_step=30).target == 30
+    # An attempt that failed before its first checkpoint reports the one it loaded, written
+    # before its hours in the queue: the work lost runs from the attempt's start.
+    queued = RankProgress(0, 2, step=130, step_at=30_900, checkpoint_step=100, checkpoint_at=1080)
+    assert failure_point([replace(queued, started_at=30_000)], 2).work_lost_seconds == 900
+    assert failure_point([queued], 2).work_lost_seconds == 29_820  # no start: the checkpoint's
 
 
 def test_recovered_when_every_reporting_rank_of_the_successor_passes_the_step() -> None:
@@ -245,8 +250,12 @@ def test_a_job_whose_restarts_keep_failing_before_a_checkpoint_is_not_requeued_a
         if expected == "stop":
             assert got["stop"].guard == got["escalate"].guard == "no_progress"
             assert "before their first checkpoint" in got["stop"].reason
-    # A new GPU fault is not the job failing to progress: the node drained, the job requeued.
-    e = Engine.with_history(view, load_policy({"settle_seconds": 0}), failed)
-    e.receive(wrap([alert("GpuXidNodeFault", "gpu_hw")]), T0 + timedelta(minutes=1))
+    # A restart that a new GPU fault ended (slurmedic requeued it for that fault) is not the
+    # job failing to progress: only the failed recovery after that requeue counts.
+    gpu = PastAction(at=T0 - timedelta(minutes=9), action="requeue", job=42, cause="gpu_hardware")
+    earlier = replace(failed[0], at=T0 - timedelta(minutes=10))
+    roomy = load_policy({"settle_seconds": 0, "retry_budget": {"max_requeues": 10}})
+    e = Engine.with_history(view, roomy, [earlier, gpu, failed[1]])
+    e.receive(wrap([alert("TrainingTaskFailed", "app_error")]), T0 + timedelta(minutes=1))
     got = {d.action: d for d in e.tick(T0 + timedelta(minutes=2))}
-    assert set(got) == {"drain", "requeue"}, got
+    assert set(got) == {"requeue"}, got

@@ -155,6 +155,78 @@ def test_the_decisions_come_from_the_real_core():
     assert [h.job for h in responder.engine.guards.history if h.action == "recovered"] == [1]
 
 
+def drive(world: World, responder: Slurmedic, seen: list[Alert] | None = None) -> None:
+    """The run's loop (webhook.simulate.run) for a world a test watches; `seen`: every alert."""
+
+    def alert(a: Alert) -> None:
+        if seen is not None:
+            seen.append(a)
+        responder.alert(a)
+
+    world.on_alert, world.on_change = alert, responder.changed
+    world.place()
+    world.flush()
+    while world.next_event() is not None or responder.next_due() is not None:
+        event, due = world.next_event(), responder.next_due()
+        if event is not None and (due is None or event <= due):
+            world.step()
+        else:
+            assert due is not None
+            world.now = due
+            responder.tick()
+
+
+def test_a_task_that_fails_again_within_the_window_is_a_new_alert():
+    # The rule names each failure by its line's time: a requeued attempt that crashes again
+    # minutes later is an alert slurmedic sees (the old one still firing would hide it).
+    asking = small(
+        jobs=[
+            {
+                "name": "big",
+                "nodes": 48,
+                "restart": "2m",
+                "comment": '{"slurmedic": {"retry_application": true}}',
+            },
+            {"name": "small", "count": 2, "nodes": 4},
+        ],
+    )
+    world = World(asking, delays())
+    responder = Slurmedic(world, load_policy({"retry_budget": {"max_requeues": 10}}))
+    fault = Fault(2 * H, "app", 5, recurs=True, fix_after=H)
+    world.later(fault.at, lambda: world.fail(fault))
+    seen: list[Alert] = []
+    drive(world, responder, seen)
+    failed = sorted(
+        {int(a.labels["failed_at"]) for a in seen if a.labels["alertname"] == "TrainingTaskFailed"}
+    )
+    assert failed[0] == int(when(fault.at).timestamp())
+    assert len(failed) >= 2 and failed[1] - failed[0] < 600  # within the rule's window
+    assert sum(d.action == "requeue" for d in responder.decisions) >= 2
+
+
+def test_a_successor_still_short_of_the_step_at_its_deadline_is_a_failed_recovery():
+    # A 45-minute restart: the successor cannot pass the step its predecessor failed at
+    # within the deadline (30 minutes and the 14 minutes of work to redo). The check judges it
+    # at the deadline, not at the cluster's next change.
+    slow = small(
+        jobs=[
+            {"name": "big", "nodes": 48, "restart": "45m"},
+            {"name": "small", "count": 2, "nodes": 4},
+        ],
+        verify=True,
+    )
+    world = World(slow, delays())
+    responder = Slurmedic(world, load_policy({}))
+    world.later(2 * H, lambda: world.fail(Fault(2 * H, "gpu", 5, gpu=1)))
+    drive(world, responder)
+    (late,) = [d for d in responder.decisions if d.guard == "recovery_failed"]
+    assert "did not pass step" in late.reason and "of them to redo lost work" in late.reason
+    big = world.jobs[1]
+    assert big.restarts == 1  # the successor runs on: escalated, not stopped
+    judged = (late.at - when(big.started)).total_seconds()
+    assert 30 * 60 < judged < 30 * 60 + 15 * 60
+
+
 def test_a_leaf_switch_storm_naive_drains_healthy_nodes_slurmedic_drains_none():
     cfg = small()
     storm = [Fault(2 * H, "switch", 1)]  # leaf 1: nodes 16-31, under the big job

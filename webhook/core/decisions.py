@@ -28,6 +28,10 @@ from webhook.core.policy import SHARED, Policy
 from webhook.core.signals import FAILURE_SIGNALS
 
 DRAIN_CAUSES = {"gpu_hardware", "node_failure", "network", "straggler"}
+# A new fault in hardware (a GPU, a host, a link): a requeue for one starts the job's run of
+# failed restarts afresh. A job of thousands of nodes meets one every few hours whatever its
+# progress; a restart that died of one is not the job failing to make progress.
+FAULT_CAUSES = frozenset({"gpu_hardware", "node_failure", "network"})
 SCHEDULER_ACTIONS = frozenset({"drain", "requeue", "stop", "resume"})  # the ones that change Slurm
 JOB_ACTIONS = frozenset({"requeue", "stop"})  # the ones that interrupt a job
 # Causes that blame nobody: a job that died of them is requeued once, then given to a human.
@@ -141,9 +145,21 @@ class GuardState:
         )
 
     def failed_recoveries(self, job: int, since: datetime, *, before_checkpoint: bool) -> int:
-        """The job's failed recoveries in a row: since `since` and its last good one."""
+        """The job's failed recoveries in a row: since `since`, its last good one and its last
+        requeue for a new hardware fault (the restart that fault ended is not counted either:
+        the requeue comes after the failed recovery it follows)."""
         mine = self._index.of_job(self.history, job)
-        since = max([since, *(h.at for h in mine if h.action == "recovered")])
+        since = max(
+            [
+                since,
+                *(
+                    h.at
+                    for h in mine
+                    if h.action == "recovered"
+                    or (h.action == "requeue" and h.cause in FAULT_CAUSES)
+                ),
+            ]
+        )
         return sum(
             1
             for h in mine

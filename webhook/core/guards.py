@@ -26,7 +26,6 @@ from webhook.core import durations
 from webhook.core.attribution import Attribution, names
 from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
 from webhook.core.decisions import (
-    DRAIN_CAUSES,
     BreakerOpened,
     Counted,
     Decision,
@@ -349,11 +348,9 @@ def room(d: Decision, ctx: Context) -> Outcome:
 
 def no_progress(d: Decision, ctx: Context) -> Outcome:
     """A job whose last restarts all failed before their first checkpoint: restarting it again
-    only burns GPU-hours. Not when hardware it blames ended this attempt: that requeue is for
-    a new fault, which a large job meets every few hours whatever its progress; the retry
-    budget and the breaker bound those."""
+    only burns GPU-hours."""
     job = ctx.job
-    if not _planned(d, "requeue") or job is None or ctx.attr.cause in DRAIN_CAUSES:
+    if not _planned(d, "requeue") or job is None:
         return _keep(d)
     since = ctx.now - ctx.policy.retry_budget.window
     stalled = ctx.guards.failed_recoveries(job.id, since, before_checkpoint=True)

@@ -76,8 +76,10 @@ def failure_point(ranks: list[RankProgress], attempt: int) -> FailurePoint:
     mine = [r for r in ranks if r.attempt == attempt]
     steps = [r.step for r in mine if r.step is not None]
     ckpts = [r.checkpoint_step for r in mine if r.checkpoint_step is not None]
+    # Training since the last checkpoint, or since the attempt started when that is later: a
+    # resumed rank reports the checkpoint it loaded, written before its time in the queue.
     lost = [
-        r.step_at - r.checkpoint_at
+        r.step_at - max(r.checkpoint_at, r.started_at or r.checkpoint_at)
         for r in mine
         if r.step_at is not None and r.checkpoint_at is not None and r.step_at >= r.checkpoint_at
     ]

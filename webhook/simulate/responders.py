@@ -77,10 +77,9 @@ class Person:
         w = self.world
         attempts = [(j, j.restarts) for j in jobs]
         w.person_on.update((j.id, attempt) for j, attempt in attempts)
-        # Named by the failure and the first attempt's job and number, not by the job's state
-        # (which differs between policies): the same failure, the same person's delay.
-        first = [(j.id, attempt) for j, attempt in attempts[:1]]
-        took = w.person("handle", fault.at, fault.kind, fault.where, *first)
+        # Named by the failure and its first job, not by the job's state or attempt (which
+        # differ between policies): the same failure, the same person's delay.
+        took = w.person("handle", fault.at, fault.kind, fault.where, *[j.id for j in jobs[:1]])
         w.later(w.now + took, partial(remedy, w, fault, attempts, oracle=False))
 
 
