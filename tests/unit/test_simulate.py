@@ -37,6 +37,15 @@ def small(**kw: object) -> SimConfig:
     return SimConfig.model_validate(base | kw)
 
 
+def with_big(big: dict[str, object], **kw: object) -> SimConfig:
+    """small(), its 48-node job with `big`'s keys."""
+    jobs = [{"name": "big", "nodes": 48} | big, {"name": "small", "count": 2, "nodes": 4}]
+    return small(jobs=jobs, **kw)
+
+
+RETRY = '{"slurmedic": {"retry_application": true}}'
+
+
 def run(cfg: SimConfig, policy: str, faults: list[Fault], **pol: object) -> Outcome:
     return simulate(cfg, policy, policy=load_policy(pol), faults=faults)
 
@@ -129,32 +138,6 @@ def test_informed_does_not_take_an_earlier_failure_s_late_alert_for_a_newer_one(
     assert (world.tally.drains, world.tally.requeues) == (1, 1)
 
 
-def test_the_decisions_come_from_the_real_core():
-    cfg = small(verify=True)
-    world = World(cfg, delays())
-    responder = Slurmedic(world, load_policy({}))
-    world.on_alert, world.on_change = responder.alert, responder.changed
-    world.later(H, lambda: world.fail(Fault(H, "gpu", 5, gpu=1)))
-    world.place()
-    world.flush()
-    while world.next_event() is not None or responder.next_due() is not None:
-        event, due = world.next_event(), responder.next_due()
-        if event is not None and (due is None or event <= due):
-            world.step()
-        else:
-            assert due is not None
-            world.now = due
-            responder.tick()
-    acted = [(d.incident, d.action, d.nodes, d.exclude, d.cause) for d in responder.decisions]
-    assert ("1.0", "drain", ("gpu00006",), (), "gpu_hardware") in acted
-    assert ("1.0", "requeue", (), ("gpu00006",), "gpu_hardware") in acted
-    big = world.jobs[1]
-    assert big.state == "RUNNING" and big.restarts == 1
-    assert world.nodes[5].index not in big.nodes
-    # The recovery check saw the successor train past where the job had failed.
-    assert [h.job for h in responder.engine.guards.history if h.action == "recovered"] == [1]
-
-
 def drive(world: World, responder: Slurmedic, seen: list[Alert] | None = None) -> None:
     """The run's loop (webhook.simulate.run) for a world a test watches; `seen`: every alert."""
 
@@ -176,20 +159,26 @@ def drive(world: World, responder: Slurmedic, seen: list[Alert] | None = None) -
             responder.tick()
 
 
+def test_the_decisions_come_from_the_real_core():
+    cfg = small(verify=True)
+    world = World(cfg, delays())
+    responder = Slurmedic(world, load_policy({}))
+    world.later(H, lambda: world.fail(Fault(H, "gpu", 5, gpu=1)))
+    drive(world, responder)
+    acted = [(d.incident, d.action, d.nodes, d.exclude, d.cause) for d in responder.decisions]
+    assert ("1.0", "drain", ("gpu00006",), (), "gpu_hardware") in acted
+    assert ("1.0", "requeue", (), ("gpu00006",), "gpu_hardware") in acted
+    big = world.jobs[1]
+    assert big.state == "RUNNING" and big.restarts == 1
+    assert world.nodes[5].index not in big.nodes
+    # The recovery check saw the successor train past where the job had failed.
+    assert [h.job for h in responder.engine.guards.history if h.action == "recovered"] == [1]
+
+
 def test_a_task_that_fails_again_within_the_window_is_a_new_alert():
     # The rule names each failure by its line's time: a requeued attempt that crashes again
     # minutes later is an alert slurmedic sees (the old one still firing would hide it).
-    asking = small(
-        jobs=[
-            {
-                "name": "big",
-                "nodes": 48,
-                "restart": "2m",
-                "comment": '{"slurmedic": {"retry_application": true}}',
-            },
-            {"name": "small", "count": 2, "nodes": 4},
-        ],
-    )
+    asking = with_big({"restart": "2m", "comment": RETRY})
     world = World(asking, delays())
     responder = Slurmedic(world, load_policy({"retry_budget": {"max_requeues": 10}}))
     fault = Fault(2 * H, "app", 5, recurs=True, fix_after=H)
@@ -208,13 +197,7 @@ def test_a_successor_still_short_of_the_step_at_its_deadline_is_a_failed_recover
     # A 45-minute restart: the successor cannot pass the step its predecessor failed at
     # within the deadline (30 minutes and the 14 minutes of work to redo). The check judges it
     # at the deadline, not at the cluster's next change.
-    slow = small(
-        jobs=[
-            {"name": "big", "nodes": 48, "restart": "45m"},
-            {"name": "small", "count": 2, "nodes": 4},
-        ],
-        verify=True,
-    )
+    slow = with_big({"restart": "45m"}, verify=True)
     world = World(slow, delays())
     responder = Slurmedic(world, load_policy({}))
     world.later(2 * H, lambda: world.fail(Fault(2 * H, "gpu", 5, gpu=1)))
@@ -276,13 +259,7 @@ def test_the_recovery_check_stops_a_crash_loop_the_budget_would_let_run():
     # minutes in, before the first checkpoint. As the live loop does (webhook.service.verify),
     # each failed restart is escalated and counted, and the core's `no_progress` guard stops
     # the job after two; without the check, only the budget stops it.
-    asking = small(
-        jobs=[
-            {"name": "big", "nodes": 48, "comment": '{"slurmedic": {"retry_application": true}}'},
-            {"name": "small", "count": 2, "nodes": 4},
-        ],
-        verify=True,
-    )
+    asking = with_big({"comment": RETRY}, verify=True)
     loop = [Fault(2 * H, "app", 5, recurs=True, fix_after=12 * H)]
     checked = run(asking, "slurmedic", loop, retry_budget={"max_requeues": 10})
     unchecked = run(
