@@ -334,6 +334,11 @@ def test_no_progress_stops_a_job_whose_restarts_never_reach_a_checkpoint() -> No
         c = ctx(APP, retrying, history=(stalls[0], fault, stalls[1]))
         d = planned(c, "requeue")
         assert g.no_progress(d, c) == g.Outcome((d,)), cause
+    # A requeue for a new hardware fault itself is let through, whatever came before.
+    for why in (GPU, Attribution("node_failure", ("gpu02",), "gpu02 not responding")):
+        c = ctx(why, job(), history=stalls)
+        d = planned(c, "requeue")
+        assert d.action == "requeue" and g.no_progress(d, c) == g.Outcome((d,))
     # Not a straggler's (a slow rank does not end a restart), nor an application's.
     for cause in ("straggler", "application"):
         other = PastAction(T0 - timedelta(minutes=20), "requeue", 7, cause=cause)

@@ -259,3 +259,8 @@ def test_a_job_whose_restarts_keep_failing_before_a_checkpoint_is_not_requeued_a
     e.receive(wrap([alert("TrainingTaskFailed", "app_error")]), T0 + timedelta(minutes=1))
     got = {d.action: d for d in e.tick(T0 + timedelta(minutes=2))}
     assert set(got) == {"requeue"}, got
+    # And a new GPU fault after two failed restarts is drained and requeued, not stopped.
+    e = Engine.with_history(view, roomy, failed)
+    e.receive(wrap([alert("GpuXidNodeFault", "gpu_hw")]), T0 + timedelta(minutes=1))
+    got = {d.action: d for d in e.tick(T0 + timedelta(minutes=2))}
+    assert set(got) == {"drain", "requeue"}, got

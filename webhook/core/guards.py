@@ -26,6 +26,7 @@ from webhook.core import durations
 from webhook.core.attribution import Attribution, names
 from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
 from webhook.core.decisions import (
+    FAULT_CAUSES,
     BreakerOpened,
     Counted,
     Decision,
@@ -348,9 +349,12 @@ def room(d: Decision, ctx: Context) -> Outcome:
 
 def no_progress(d: Decision, ctx: Context) -> Outcome:
     """A job whose last restarts all failed before their first checkpoint: restarting it again
-    only burns GPU-hours."""
+    only burns GPU-hours. Not a requeue for a new hardware fault: that is not the job failing
+    to make progress (a job of thousands of nodes meets one every few hours), and stopping
+    for it would stop every later failure of the job too, while its run of failed restarts
+    has nothing to end it; the retry budget and the breaker bound those."""
     job = ctx.job
-    if not _planned(d, "requeue") or job is None:
+    if not _planned(d, "requeue") or job is None or ctx.attr.cause in FAULT_CAUSES:
         return _keep(d)
     since = ctx.now - ctx.policy.retry_budget.window
     stalled = ctx.guards.failed_recoveries(job.id, since, before_checkpoint=True)
