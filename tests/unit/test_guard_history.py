@@ -18,11 +18,26 @@ def scan_drained(state: GuardState, since: datetime) -> set[str]:
 
 
 def scan_requeues(state: GuardState, job: int, since: datetime) -> int:
+    mine = [h for h in state.history if h.job == job]
+    last = max((h.at for h in mine if h.action == "requeue"), default=None)
     return sum(
         1
-        for h in state.history
-        if h.action in ("requeue", "recovery_failed") and h.job == job and h.at >= since
+        for h in mine
+        if h.at >= since
+        and (
+            h.action == "requeue"
+            or (h.action == "recovery_failed" and (last is None or h.at >= last))
+        )
     )
+
+
+def test_a_failed_recovery_and_the_requeue_after_it_spend_the_budget_once() -> None:
+    state = GuardState()
+    state.history.append(PastAction(at=T0, action="requeue", job=7))
+    state.history.append(PastAction(at=T0 + timedelta(minutes=9), action="recovery_failed", job=7))
+    assert state.requeues(7, T0) == 2  # the successor ended: not requeued (yet)
+    state.history.append(PastAction(at=T0 + timedelta(minutes=10), action="requeue", job=7))
+    assert state.requeues(7, T0) == 2  # requeued for its failure: that requeue counts it
 
 
 def test_the_index_agrees_with_a_scan_through_appends_replacements_and_a_clock_that_jumps() -> None:

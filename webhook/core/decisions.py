@@ -137,11 +137,20 @@ class GuardState:
     )
 
     def requeues(self, job: int, since: datetime) -> int:
-        """Requeues of the job, and recoveries of it that failed: both spend its budget."""
+        """Requeues of the job, and recoveries of it that failed with no requeue after them:
+        each spends its budget once. A requeue after a failed recovery is (almost always) for
+        the same failure of the successor, which it counts; counting both spent a crash loop's
+        budget twice as fast, and a GPU fault then stopped the job."""
+        mine = self._index.of_job(self.history, job)
+        last = max((h.at for h in mine if h.action == "requeue"), default=None)
         return sum(
             1
-            for h in self._index.of_job(self.history, job)
-            if h.action in ("requeue", "recovery_failed") and h.at >= since
+            for h in mine
+            if h.at >= since
+            and (
+                h.action == "requeue"
+                or (h.action == "recovery_failed" and (last is None or h.at >= last))
+            )
         )
 
     def failed_recoveries(self, job: int, since: datetime, *, before_checkpoint: bool) -> int:
