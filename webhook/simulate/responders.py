@@ -229,31 +229,32 @@ class Slurmedic(_Passive):
             if d.state == PENDING:
                 self._carry_out(d)
 
-    def _attempt(self, d: Decision) -> SimJob | None:
-        """The job, when the attempt decided on is still its current one."""
+    @staticmethod
+    def _key(d: Decision) -> IncidentKey | None:
         try:
-            key = IncidentKey.parse(d.incident)
+            return IncidentKey.parse(d.incident)
         except BadIncidentKey:
             return None
-        job = self.world.jobs.get(key.job) if key.job is not None else None
+
+    def _attempt(self, d: Decision) -> SimJob | None:
+        """The job, when the attempt decided on is still its current one."""
+        key = self._key(d)
+        if key is None or key.job is None:
+            return None
+        job = self.world.jobs.get(key.job)
         return job if job is not None and job.restarts == key.attempt else None
 
     def _recovering(self, d: Decision) -> SimJob | None:
         """The job of a failed recovery's escalation: its attempt now, whichever it is (a person
         looks at the job; they act only if that attempt failed too)."""
-        try:
-            key = IncidentKey.parse(d.incident)
-        except BadIncidentKey:
+        key = self._key(d)
+        if key is None or key.kind != "verify" or not key.job:
             return None
-        return self.world.jobs.get(key.job) if key.kind == "verify" and key.job else None
+        return self.world.jobs.get(key.job)
 
-    @staticmethod
-    def _node_of(d: Decision) -> list[str]:
-        try:
-            key = IncidentKey.parse(d.incident)
-        except BadIncidentKey:
-            return []
-        return [key.node] if key.node is not None else []
+    def _node_of(self, d: Decision) -> list[str]:
+        key = self._key(d)
+        return [key.node] if key is not None and key.node is not None else []
 
     def _carry_out(self, d: Decision) -> None:
         w = self.world
