@@ -170,3 +170,23 @@ def test_old_requeues_are_not_judged_when_verification_is_turned_on(
     prom.answer = vector()
     assert verifier.step(view(9, state="FAILED"), GuardState()) == []
     assert ledger.watching() == [] and ledger.recoveries() == []
+
+
+def test_a_failed_recovery_from_the_ledger_is_counted_once_by_its_attempts_requeue(
+    prom: FakePrometheus, tmp_path: Path
+) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    executed_requeue(ledger, 7)
+    url = f"http://127.0.0.1:{prom.server_address[1]}"
+    verifier = Verifier(
+        ledger, Prometheus(url), load_policy({"mode": "enforce"}), clock=lambda: NOW
+    )
+    prom.answer = vector(*progress(7, 0, 120))
+    verifier.step(view(7), GuardState())
+    prom.answer = vector(*progress(7, 1, 100))
+    assert verifier.step(view(7, state="FAILED"), GuardState())  # 7.1 ended short of step 120
+    (failed,) = [h for h in ledger.history(T0) if h.action == "recovery_failed"]
+    assert failed.incident == "verify:7.0"
+    guards = GuardState(history=list(ledger.history(T0)))
+    assert guards.requeues(7, T0) == 2  # the requeue of 7.0, and 7.1's failure
+    assert guards.requeues(7, T0, deciding="7.1") == 1  # the requeue for 7.1 is that failure

@@ -40,6 +40,27 @@ def test_a_failed_recovery_and_the_requeue_after_it_spend_the_budget_once() -> N
     assert state.requeues(7, T0) == 2  # requeued for its failure: that requeue counts it
 
 
+def test_a_failed_recovery_is_counted_by_the_requeue_of_the_attempt_it_judged() -> None:
+    state = GuardState()
+    state.history.append(PastAction(at=T0, action="requeue", job=7, incident="7.0"))
+    failed = PastAction(
+        at=T0 + timedelta(minutes=9), action="recovery_failed", job=7, incident="verify:7.0"
+    )
+    state.history.append(failed)
+    assert state.requeues(7, T0) == 2
+    assert state.requeues(7, T0, deciding="7.1") == 1  # the decision for 7.1 counts it
+    assert state.requeues(7, T0, deciding="7.2") == 2
+    # Requeued again, not for the attempt it judged: 7.1's failure still spends its own.
+    state.history.append(
+        PastAction(at=T0 + timedelta(hours=1), action="requeue", job=7, incident="7.2")
+    )
+    assert state.requeues(7, T0) == 3
+    state.history.append(
+        PastAction(at=T0 + timedelta(minutes=10), action="requeue", job=7, incident="7.1")
+    )
+    assert state.requeues(7, T0) == 3
+
+
 def test_the_index_agrees_with_a_scan_through_appends_replacements_and_a_clock_that_jumps() -> None:
     rng = random.Random(7)
     state = GuardState()

@@ -82,11 +82,11 @@ def ctx(
     )
 
 
-def planned(c: g.Context, action: str) -> Decision:
+def planned(c: g.Context, action: str, incident: str = "7.0") -> Decision:
     """The plan's decision with `action` for this context."""
     base = Decision(
         at=T0,
-        incident="7.0",
+        incident=incident,
         job=c.job.id if c.job else None,
         action="none",
         cause=c.attr.cause,
@@ -383,6 +383,24 @@ def test_retry_budget_stops_a_job_out_of_budget() -> None:
         "job 7 was requeued 2 time(s) in the last 86400s (budget 2); XID 79 on gpu02"
     )
     assert out.effects == ()
+
+
+def test_the_requeue_for_a_failed_recovery_spends_the_budget_once() -> None:
+    # 7.0 was requeued; the recovery check found its successor, 7.1, failed. The requeue now
+    # decided for 7.1's failure counts that failure: one short of the budget is not out of it.
+    spent = (
+        PastAction(T0 - timedelta(hours=1), "requeue", 7, incident="7.0"),
+        PastAction(T0 - timedelta(minutes=10), "recovery_failed", 7, incident="verify:7.0"),
+    )
+    c = ctx(GPU, job(), history=spent, retry_budget={"max_requeues": 2})
+    d = planned(c, "requeue", incident="7.1")
+    assert g.retry_budget(d, c).decisions == (d,)
+    # A later attempt's requeue is another failure (7.1's was never requeued by slurmedic).
+    later = ctx(GPU, job(), history=spent, retry_budget={"max_requeues": 2})
+    assert summary(g.retry_budget(planned(later, "requeue", "7.2"), later))[0][:2] == (
+        "stop",
+        "retry_budget_exhausted",
+    )
 
 
 def test_a_comment_lowers_the_budget_and_never_raises_it() -> None:

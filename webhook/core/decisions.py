@@ -23,6 +23,7 @@ from webhook.core.attribution import Attribution, names
 from webhook.core.cluster import Job
 from webhook.core.evidence import Evidence
 from webhook.core.history import HistoryIndex
+from webhook.core.incidents import judged_attempt
 from webhook.core.lifecycle import INITIAL, PENDING, RECORDED, State
 from webhook.core.policy import SHARED, Policy
 from webhook.core.signals import FAILURE_SIGNALS
@@ -97,7 +98,9 @@ class PastAction:
     readmit: tuple[str, ...] = ()
     # recovery_failed: whether the successor failed before writing its first checkpoint
     before_checkpoint: bool = False
-    incident: str = ""  # the incident that decided it ("" when unknown: a scenario's history)
+    # The incident that decided it ("" when unknown: a scenario's history); a failed recovery's
+    # is the recovery check's (`verify:1001.3`), which names the attempt it judged.
+    incident: str = ""
 
 
 @dataclass(frozen=True)
@@ -136,21 +139,28 @@ class GuardState:
         default_factory=HistoryIndex, init=False, repr=False, compare=False
     )
 
-    def requeues(self, job: int, since: datetime) -> int:
-        """Requeues of the job, and recoveries of it that failed with no requeue after them:
-        each spends its budget once. A requeue after a failed recovery is (almost always) for
-        the same failure of the successor, which it counts; counting both spent a crash loop's
-        budget twice as fast, and a GPU fault then stopped the job."""
+    def requeues(self, job: int, since: datetime, deciding: str = "") -> int:
+        """Requeues of the job, and its failed recoveries that no requeue counts: each failure
+        spends the budget once. A failed recovery (`verify:1001.3`: attempt 1001.4 failed) is
+        counted by the requeue for that attempt's failure (`1001.4`), made before or being
+        decided now (`deciding`); counting both spent a crash loop's budget twice as fast, and
+        a GPU fault then stopped the job. One with no attempt on record (a scenario's history)
+        is counted by any requeue after it."""
         mine = self._index.of_job(self.history, job)
+        requeued = {h.incident for h in mine if h.action == "requeue"} | {deciding}
         last = max((h.at for h in mine if h.action == "requeue"), default=None)
+
+        def recounted(h: PastAction) -> bool:
+            attempt = judged_attempt(h.incident)
+            if attempt is None:
+                return last is not None and h.at < last
+            return attempt in requeued
+
         return sum(
             1
             for h in mine
             if h.at >= since
-            and (
-                h.action == "requeue"
-                or (h.action == "recovery_failed" and (last is None or h.at >= last))
-            )
+            and (h.action == "requeue" or (h.action == "recovery_failed" and not recounted(h)))
         )
 
     def failed_recoveries(self, job: int, since: datetime, *, before_checkpoint: bool) -> int:

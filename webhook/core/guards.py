@@ -379,7 +379,7 @@ def retry_budget(d: Decision, ctx: Context) -> Outcome:
     if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
         budget = min(budget, wanted)
     window = ctx.policy.retry_budget.window
-    used = ctx.guards.requeues(job.id, ctx.now - window)
+    used = ctx.guards.requeues(job.id, ctx.now - window, deciding=d.incident)
     if used >= budget:
         why = (
             f"job {job.id} was requeued {used} time(s) in the last "

@@ -90,10 +90,27 @@ class IncidentKey:
             return cls.resuming(tuple(nodes))
         raise BadIncidentKey(f"{text[:80]!r} is not an incident key")
 
+    def judged(self) -> IncidentKey | None:
+        """The attempt a recovery check judged (`verify:1001.0` judged 1001.1, the successor of
+        the requeued 1001.0); None for keys of anything else."""
+        if self.kind != "verify" or self.job is None or self.attempt is None:
+            return None
+        return IncidentKey.of_attempt(self.job, self.attempt + 1)
+
     def next_failure(self) -> IncidentKey:
         """The key of the node's next failure (node incidents only)."""
         assert self.kind == "node" and self.node is not None
         return IncidentKey.of_node(self.node, self.seq + 1)
+
+
+def judged_attempt(text: str) -> str | None:
+    """The attempt a recovery check's key judged (`verify:1001.0` -> `1001.1`); None for any
+    other text, a key of something else or none at all (a scenario's history holds no keys)."""
+    try:
+        key = IncidentKey.parse(text).judged()
+    except BadIncidentKey:
+        return None
+    return str(key) if key is not None else None
 
 
 def attempt_of(text: str) -> int:

@@ -109,6 +109,11 @@ class Watch:
         hours after its last one; a fixed deadline would call every such recovery a failure."""
         return verify.deadline + timedelta(seconds=max(self.point.work_lost_seconds or 0.0, 0.0))
 
+    def due(self, started: datetime, verify: Verify) -> datetime:
+        """When a successor that started at `started` has had its deadline (from the later of
+        its start and the requeue): judged failed once the clock is past it."""
+        return max(started, self.requeued_at) + self.deadline(verify)
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -179,9 +184,8 @@ def judge(
             return Verdict("unverified", f"attempt {successor} has not started yet")
         return Verdict("watching", f"waiting for attempt {successor} to start")
     assert job.started is not None
-    since = max(job.started, watch.requeued_at)
-    deadline = watch.deadline(verify)
-    if (now - since) > deadline:
+    if now > watch.due(job.started, verify):
+        deadline = watch.deadline(verify)
         redo = deadline - verify.deadline
         also = f" ({redo.total_seconds():g} s of them to redo lost work)" if redo else ""
         return Verdict(
@@ -207,6 +211,7 @@ def remembered(watch: Watch, verdict: Verdict, now: datetime) -> PastAction | No
             job=watch.job,
             cause=watch.cause,
             before_checkpoint=verdict.before_checkpoint,
+            incident=str(IncidentKey.verifying(watch.job, watch.attempt)),
         )
     return None
 

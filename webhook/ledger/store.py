@@ -855,6 +855,7 @@ class Ledger:
                     job=r.job,
                     cause=r.cause,
                     before_checkpoint=bool(first.get("before_checkpoint")),
+                    incident=r.incident,
                 )
             elif r.guard is None:
                 nodes = tuple(r.nodes)

@@ -8,6 +8,7 @@ the job's own, and stops a job that keeps failing before its first checkpoint.""
 from __future__ import annotations
 
 from webhook.core.decisions import Decision, GuardState
+from webhook.core.incidents import attempt_of
 from webhook.core.policy import Policy
 from webhook.core.recovery import (
     FailurePoint,
@@ -30,7 +31,7 @@ class Recoveries:
         self.watches[incident] = Watch(
             incident=incident,
             job=job.id,
-            attempt=job.restarts - 1,
+            attempt=attempt_of(incident),  # as the live verifier reads it
             cause=cause,
             fault_at=when(fault_at),
             requeued_at=when(self.world.now),
@@ -51,9 +52,7 @@ class Recoveries:
     def next_due(self) -> float | None:
         """Just past the earliest deadline of a successor that runs (the core's is strict)."""
         dues = [
-            max(job.started, (watch.requeued_at - EPOCH).total_seconds())
-            + watch.deadline(self.policy.verify).total_seconds()
-            + 1
+            (watch.due(when(job.started), self.policy.verify) - EPOCH).total_seconds() + 1
             for watch in self.watches.values()
             if (job := self.world.jobs[watch.job]).running and job.restarts == watch.attempt + 1
         ]
