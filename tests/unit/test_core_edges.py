@@ -243,3 +243,31 @@ def test_a_revision_while_the_global_switch_is_on_is_a_record_too() -> None:
     assert {d.action for d in revised} >= {"drain", "requeue"}
     acts = [d for d in revised if d.action in ("drain", "requeue")]
     assert {(d.mode, d.state, d.guard) for d in acts} == {("monitor", "recorded", "global_switch")}
+
+
+def test_a_task_failure_alert_firing_after_the_requeue_belongs_to_the_attempt_it_dates() -> None:
+    # One failure, two lines read in different scrapes (a Python fatal error, then Slurm's task
+    # summary): two TrainingTaskFailed alerts, each named by its line's time (`failed_at`). The
+    # second fires after slurmedic requeued the job and attempt 1 started: it is attempt 0's.
+    def failed(at: datetime, line: datetime) -> Payload:
+        labels = {"signal": "app_error", "node": "gpu01", "slurm_job_id": "1", "rank": "0"}
+        return alert(at, **labels, failed_at=f"{line.timestamp():.0f}")
+
+    v = view()
+    retry = '{"slurmedic": {"retry_application": true}}'
+    v.set_job(Job(id=1, nodes=("gpu01", "gpu02"), partition="train", state="FAILED",
+                  started=T0 - timedelta(hours=1), ended=T0, comment=retry))  # fmt: skip
+    e = Engine(view=v, policy=load_policy({"settle_seconds": 5}))
+    e.receive(failed(T0 + timedelta(seconds=15), T0), T0 + timedelta(seconds=15))
+    assert [d.action for d in e.tick(T0 + timedelta(seconds=20))] == ["requeue"]
+    e.update_view(view())
+    e.view.set_job(Job(id=1, nodes=("gpu01", "gpu02"), partition="train", restarts=1,
+                       started=T0 + timedelta(seconds=25), comment=retry))  # fmt: skip
+    late = T0 + timedelta(seconds=30)
+    e.receive(failed(late, T0 + timedelta(seconds=1)), late)
+    assert e.tick(late + timedelta(seconds=10)) == []
+    assert set(e.incidents) == {"1.0"}
+    # Attempt 1's own failure, within the rule's window: its line is after attempt 1 started.
+    again = T0 + timedelta(minutes=4)
+    e.receive(failed(again, again - timedelta(seconds=10)), again)
+    assert "1.1" in e.incidents

@@ -39,8 +39,8 @@ class Evidence:
     received_at: datetime
     summary: str = ""
     problems: tuple[str, ...] = field(default=())
-    # When the condition the alert reports began, when it says (`stalled_since`: a hang's last
-    # progress); startsAt is when the rule noticed.
+    # When the condition the alert reports began, when it says (`began`: a hang's last
+    # progress, a task failure's line); startsAt is when the rule noticed.
     since: datetime | None = None
 
     @property
@@ -59,15 +59,25 @@ class Evidence:
 MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z
 
 
-def stalled_since(annotations: dict[str, str]) -> datetime | None:
-    """The `stalled_since` annotation (seconds since the epoch), when it is one."""
+def epoch(text: str) -> datetime | None:
+    """Seconds since the epoch, when `text` is a sane such time (a label's or an annotation's
+    value: anything else is no time)."""
     try:
-        value = float(annotations.get("stalled_since", ""))
+        value = float(text)
     except ValueError:
         return None
     if not math.isfinite(value) or not 0 < value <= MAX_EPOCH:
         return None
     return datetime.fromtimestamp(value, UTC)
+
+
+def began(alert: Alert) -> datetime | None:
+    """When the condition an alert reports began, when it says: a hang's last progress (the
+    annotation `stalled_since`), a task failure's log line (the label `failed_at`, which names
+    each failure). startsAt is when a rule noticed, a scrape and an evaluation later, or more."""
+    return epoch(alert.annotations.get("stalled_since", "")) or epoch(
+        alert.labels.get("failed_at", "")
+    )
 
 
 def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Evidence:
@@ -96,5 +106,5 @@ def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Eviden
         received_at=received_at,
         summary=alert.annotations.get("summary", ""),
         problems=tuple(problems),
-        since=stalled_since(alert.annotations),
+        since=began(alert),
     )
