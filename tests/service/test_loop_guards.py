@@ -244,6 +244,50 @@ def test_an_approval_nobody_gives_expires(tmp_path: Path) -> None:
         assert found[1][-1].detail["note"] == "not approved within 2h: expired, not carried out"
 
 
+def test_a_rejected_or_expired_decision_no_longer_counts(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    # 8 nodes at 10 %: one drain per hour; one requeue per job and day.
+    policy = load_policy(
+        {
+            "mode": "approve",
+            "settle_seconds": 5,
+            "approval_expires": "30m",
+            "breaker": {"max_fraction": 0.1},
+            "retry_budget": {"max_requeues": 1},
+        }
+    )
+    clock = Clock()
+    loop = LiveLoop(ledger, policy, view, clock=clock)
+    xid(ledger, "gpu01", 1, T0)
+    clock.now = T0 + timedelta(seconds=10)
+    loop.step()
+    drain, requeue = sorted(ledger.in_state("awaiting_approval"), key=lambda r: r.action)
+    assert (drain.action, requeue.action) == ("drain", "requeue")
+    # Waiting, it counts: a second drain within the hour opens the breaker.
+    assert loop.engine.guards.drained(T0) and loop.engine.guards.requeues(1, T0) == 1
+    ledger.add_event(drain.id, "rejected", {"by": "alice", "reason": "known flaky"}, clock.now)
+    ledger.add_event(requeue.id, "rejected", {"by": "alice", "reason": "known flaky"}, clock.now)
+    xid(ledger, "gpu02", 2, clock.now)
+    clock.now += timedelta(seconds=10)
+    second = loop.step()
+    assert [(d.action, d.nodes, d.guard) for d in second if d.action == "drain"] == [
+        ("drain", ("gpu02",), None)
+    ]
+    assert loop.engine.guards.requeues(1, T0) == 0
+    # Nobody approves gpu02's drain: expired, it stops counting too, and a third drain waits
+    # for approval instead of opening the breaker.
+    clock.now += timedelta(minutes=31)
+    loop.step()
+    xid(ledger, "gpu03", 3, clock.now)
+    clock.now += timedelta(seconds=10)
+    third = loop.step()
+    assert [(d.action, d.guard) for d in third if d.action != "requeue"] == [("drain", None)]
+    # A restart reads the same from the ledger: only the drain still waiting counts.
+    again = LiveLoop(ledger, policy, view, clock=clock)
+    assert set(again.engine.guards.drained(T0)) == {"gpu03"}
+    assert again.engine.guards.requeues(1, T0) == 0
+
+
 def test_a_restart_days_later_still_knows_what_slurm_excludes_and_readmits_it(
     tmp_path: Path,
 ) -> None:

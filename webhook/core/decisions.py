@@ -216,6 +216,12 @@ class GuardState:
             monitor_forced=self.monitor_forced,
         )
 
+    def forget(self, undone: Collection[tuple[str, str, datetime]]) -> None:
+        """Stop counting decisions that will never be carried out (incident, action, time):
+        a human rejected them, or nobody approved them in time."""
+        if undone:
+            self.history = [h for h in self.history if (h.incident, h.action, h.at) not in undone]
+
     def adopt(self, trial: GuardState) -> None:
         """Take a revision's guard state (its actions replace the incident's earlier ones)."""
         self.history, self.breaker_open = trial.history, trial.breaker_open

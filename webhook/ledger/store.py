@@ -42,6 +42,7 @@ from webhook.core.lifecycle import (
     PREVIOUS,
     RUNNING,
     SUPERSEDED,
+    UNDONE,
     IllegalTransition,
     check,
 )
@@ -832,14 +833,14 @@ class Ledger:
     def _past(
         s: Session, *where: ColumnElement[bool], where_failed: bool = True
     ) -> Iterator[PastAction]:
-        """The decisions that count as done (not superseded, no guard said no), as the guards
-        remember them. Streamed, each row's evidence read only where it is needed: a year of a
-        large cluster's decisions does not fit in memory at once. Without `where_failed`, a
-        requeue nobody was blamed for does not say where its failure began (its evidence is
-        not read: what excludes nodes needs only its exclusions)."""
+        """The decisions that count as done (not superseded, rejected or expired, no guard said
+        no), as the guards remember them. Streamed, each row's evidence read only where it is
+        needed: a year of a large cluster's decisions does not fit in memory at once. Without
+        `where_failed`, a requeue nobody was blamed for does not say where its failure began
+        (its evidence is not read: what excludes nodes needs only its exclusions)."""
         rows = s.scalars(
             select(DecisionRow)
-            .where(*where, DecisionRow.state != SUPERSEDED)
+            .where(*where, DecisionRow.state.not_in(UNDONE))
             .order_by(DecisionRow.at, DecisionRow.id)
             .options(defer(DecisionRow.evidence))
             .execution_options(yield_per=1000)

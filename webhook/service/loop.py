@@ -23,10 +23,12 @@ from webhook.core.lifecycle import (
     DRY_RUN_FIRST,
     EXPIRED,
     RECORDED,
+    REJECTED,
     IllegalTransition,
 )
 from webhook.core.policy import Policy
 from webhook.executor.dispatch import Dispatcher
+from webhook.ledger.schema import DecisionRow
 from webhook.ledger.settings import (
     Breaker,
     CorruptSetting,
@@ -114,6 +116,8 @@ class LiveLoop:
         ]
         # Before the ledger's first notification (or this start, on a new one) nothing is known.
         self.engine.guards.memory_since = ledger.record_begins() or now
+        # Counted as if they will run; forgotten if they never do (_forget_refused).
+        self.awaiting = self._awaiting()
         breaker = ledger.setting(Breaker)
         self.engine.guards.breaker_open = breaker.open
         if breaker.reset_at is not None:
@@ -188,6 +192,7 @@ class LiveLoop:
         self._sync_breaker()
         self._sync_switch()
         self._expire_approvals()
+        self._forget_refused()
         # A decision carried out meanwhile is not revised: what arrives now is its consequence.
         self.engine.close(self.ledger.carried_out(self.engine.revisable()))
         was_open = self.engine.guards.breaker_open
@@ -202,11 +207,11 @@ class LiveLoop:
         rejudged = [i for i in self.engine.take_rejudged() if i.key not in keys]
         if decisions or rejudged:
             incidents = [self.engine.incidents[k] for k in keys] + rejudged
-            ids = self.ledger.record(decisions, incidents)
+            rows = self.ledger.rows(self.ledger.record(decisions, incidents))
+            self.awaiting |= self._awaiting(rows)
             if self.dispatcher is not None:
                 # Monitor and approve decisions get their dry run now; enforce ones, and
                 # approved ones, are picked up below.
-                rows = self.ledger.rows(ids)
                 self.dispatcher.dispatch([r for r in rows if r.state in DRY_RUN_FIRST])
             for d in decisions:
                 log.info("%s %s %s %s: %s", d.incident, d.action, d.state, d.cause, d.reason)
@@ -311,6 +316,29 @@ class LiveLoop:
             except IllegalTransition:
                 continue  # approved or rejected meanwhile
             log.info("decision %s expired unapproved", row.id)
+
+    def _awaiting(
+        self, rows: list[DecisionRow] | None = None
+    ) -> dict[int, tuple[str, str, datetime]]:
+        """The decisions waiting for approval (of `rows`, or all), as the guards know them."""
+        return {
+            r.id: (r.incident, r.action, r.at if r.at.tzinfo else r.at.replace(tzinfo=UTC))
+            for r in (self.ledger.in_state(AWAITING_APPROVAL) if rows is None else rows)
+            if r.state == AWAITING_APPROVAL
+        }
+
+    def _forget_refused(self) -> None:
+        """The guards counted a decision waiting for approval as if it would run (a drain
+        against the breaker, a requeue against the job's budget). One a human rejected (in
+        another process: the console, `slurmedic reject`) or nobody approved in time never
+        runs: they forget it."""
+        was, self.awaiting = self.awaiting, self._awaiting()
+        gone = [i for i in was if i not in self.awaiting]
+        if gone:
+            undone = {was[r.id] for r in self.ledger.rows(gone) if r.state in (REJECTED, EXPIRED)}
+            self.engine.guards.forget(undone)
+            for incident, action, _ in sorted(undone):
+                log.info("%s %s was not carried out: no longer counted", incident, action)
 
     def _sync_breaker(self) -> None:
         """Pick up a human's reset (`slurmedic breaker reset` writes it to the ledger)."""
