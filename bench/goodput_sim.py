@@ -34,6 +34,7 @@ INTERVALS = ("10m", "20m", "30m", "1h", "2h")
 RETRY_APPLICATION = '{"slurmedic": {"retry_application": true}}'
 AWAY = "slurmedic, retry_application, requeue_away"
 VERIFIED = f"{AWAY}, verify (the recovery check)"
+APART = f"{AWAY}, max_hardware_requeues (hardware requeues counted apart)"
 INFORMED = "informed: the oracle, on the first alert of each failure"
 
 
@@ -45,6 +46,14 @@ def sized_budget(cfg: SimConfig, policy: Policy) -> int:
     per_node_day = sum(cfg.rates.values()) / 1000
     window_days = policy.retry_budget.window.total_seconds() / 86400
     return max(3, math.ceil(3 * largest * per_node_day * window_days))
+
+
+def hardware_apart(policy: Policy) -> Policy:
+    """`policy` with the requeues for hardware slurmedic blames counted apart, against a budget
+    of their own as large as the job's: a crash loop cannot spend what its GPU faults need."""
+    rules = policy.retry_budget
+    apart = rules.model_copy(update={"max_hardware_requeues": rules.max_requeues})
+    return policy.model_copy(update={"retry_budget": apart})
 
 
 def requeue_away(policy: Policy) -> Policy:
@@ -86,6 +95,13 @@ def seeds(cfg: SimConfig, asking: SimConfig, policy: Policy, waits: Delays, n: i
             policies=("slurmedic",),
         )
         rows.setdefault(AWAY, []).append(away[0].ettr_cluster)
+        apart = compare(
+            asking.model_copy(update={"seed": seed}),
+            policy=hardware_apart(requeue_away(policy)),
+            delays=waits,
+            policies=("slurmedic",),
+        )
+        rows.setdefault(APART, []).append(apart[0].ettr_cluster)
         checked = compare(
             asking.model_copy(update={"seed": seed, "verify": True}),
             policy=requeue_away(policy),
@@ -185,6 +201,10 @@ def main() -> None:
     oracle = [o for o in best if o.policy == "oracle"]
     away = compare(asking, policy=requeue_away(sized), delays=waits, policies=("slurmedic",))
     show("... and shared_cause.requeue_away: true", away + oracle)
+    apart = compare(
+        asking, policy=hardware_apart(requeue_away(sized)), delays=waits, policies=("slurmedic",)
+    )
+    show(f"... and retry_budget.max_hardware_requeues: {budget}", apart + oracle)
 
     if args.seeds:
         seeds(cfg, asking, sized, waits, args.seeds)

@@ -403,6 +403,47 @@ def test_the_requeue_for_a_failed_recovery_spends_the_budget_once() -> None:
     )
 
 
+def test_hardware_requeues_can_have_a_budget_of_their_own() -> None:
+    # A crash loop spent the job's budget; then a GPU fault.
+    crashes = tuple(
+        PastAction(T0 - timedelta(hours=h), "requeue", 7, cause="application") for h in (1, 2)
+    )
+    faults = tuple(
+        PastAction(T0 - timedelta(hours=h), "requeue", 7, cause=c)
+        for h, c in ((3, "gpu_hardware"), (4, "node_failure"), (5, "network"))
+    )
+    one = {"max_requeues": 2}
+    c = ctx(GPU, job(), history=crashes, retry_budget=one)
+    assert summary(g.retry_budget(planned(c, "requeue"), c))[0][:2] == (
+        "stop",
+        "retry_budget_exhausted",
+    )
+    apart = {"max_requeues": 2, "max_hardware_requeues": 3}
+    c = ctx(GPU, job(), history=crashes, retry_budget=apart)
+    d = planned(c, "requeue")
+    assert g.retry_budget(d, c).decisions == (d,)
+    # Each budget still holds: the fourth hardware requeue, the third of the job's own.
+    c = ctx(GPU, job(), history=crashes + faults, retry_budget=apart)
+    out = g.retry_budget(planned(c, "requeue"), c)
+    assert out.decisions[0].action == "stop"
+    assert out.decisions[0].reason.startswith(
+        "job 7 was requeued 3 time(s) for hardware faults in the last 86400s (budget 3)"
+    )
+    retrying = job("FAILED", comment={"retry_application": True})
+    c = ctx(APP, retrying, history=crashes + faults, retry_budget=apart)
+    out = g.retry_budget(planned(c, "requeue"), c)
+    assert out.decisions[0].reason.startswith(
+        "job 7 was requeued 2 time(s) for its own failures in the last 86400s (budget 2)"
+    )
+    # A failed recovery is the job's own failure, whatever the cause of the requeue it judged.
+    failed = PastAction(T0 - timedelta(minutes=5), "recovery_failed", 7, cause="gpu_hardware")
+    c = ctx(APP, retrying, history=(crashes[0], *faults, failed), retry_budget=apart)
+    assert summary(g.retry_budget(planned(c, "requeue"), c))[0][0] == "stop"
+    # The job's own lower budget holds for both.
+    c = ctx(GPU, job(comment={"max_requeues": 1}), history=faults[:1], retry_budget=apart)
+    assert summary(g.retry_budget(planned(c, "requeue"), c))[0][0] == "stop"
+
+
 def test_a_comment_lowers_the_budget_and_never_raises_it() -> None:
     used = (PastAction(T0 - timedelta(hours=1), "requeue", 7),)
     lower = ctx(GPU, job(comment={"max_requeues": 1}), history=used)

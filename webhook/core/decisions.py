@@ -139,13 +139,18 @@ class GuardState:
         default_factory=HistoryIndex, init=False, repr=False, compare=False
     )
 
-    def requeues(self, job: int, since: datetime, deciding: str = "") -> int:
+    def requeues(
+        self, job: int, since: datetime, deciding: str = "", hardware: bool | None = None
+    ) -> int:
         """Requeues of the job, and its failed recoveries that no requeue counts: each failure
-        spends the budget once. A failed recovery (`verify:1001.3`: attempt 1001.4 failed) is
-        counted by the requeue for that attempt's failure (`1001.4`), made before or being
-        decided now (`deciding`); counting both spent a crash loop's budget twice as fast, and
-        a GPU fault then stopped the job. One with no attempt on record (a scenario's history)
-        is counted by any requeue after it."""
+        spends the budget once. With `hardware`, only the requeues for hardware slurmedic
+        blamed (FAULT_CAUSES), or only the others and the failed recoveries (the job's own).
+
+        A failed recovery (`verify:1001.3`: attempt 1001.4 failed) is counted by the requeue
+        for that attempt's failure (`1001.4`), made before or being decided now (`deciding`);
+        counting both spent a crash loop's budget twice as fast, and a GPU fault then stopped
+        the job. One with no attempt on record (a scenario's history) is counted by any
+        requeue after it."""
         mine = self._index.of_job(self.history, job)
         requeued = {h.incident for h in mine if h.action == "requeue"} | {deciding}
         last = max((h.at for h in mine if h.action == "requeue"), default=None)
@@ -160,6 +165,9 @@ class GuardState:
             1
             for h in mine
             if h.at >= since
+            and (
+                hardware is None or (h.action == "requeue" and h.cause in FAULT_CAUSES) == hardware
+            )
             and (h.action == "requeue" or (h.action == "recovery_failed" and not recounted(h)))
         )
 

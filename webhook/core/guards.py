@@ -370,19 +370,25 @@ def no_progress(d: Decision, ctx: Context) -> Outcome:
 
 def retry_budget(d: Decision, ctx: Context) -> Outcome:
     """At most N requeues of a job in the window (a job may ask for fewer, never for more);
-    past that, stop + escalate. A requeue it lets through is spent from the budget."""
+    past that, stop + escalate. A requeue it lets through is spent from the budget. With
+    `max_hardware_requeues`, requeues for hardware slurmedic blames have a budget of their own."""
     job = ctx.job
     if not _planned(d, "requeue") or job is None:
         return _keep(d)
-    budget = ctx.policy.retry_budget.max_requeues
+    rules = ctx.policy.retry_budget
+    hardware = None if rules.max_hardware_requeues is None else ctx.attr.cause in FAULT_CAUSES
+    budget = rules.max_requeues
+    if hardware and rules.max_hardware_requeues is not None:
+        budget = rules.max_hardware_requeues
     wanted = job.options().get("max_requeues")
     if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
         budget = min(budget, wanted)
-    window = ctx.policy.retry_budget.window
-    used = ctx.guards.requeues(job.id, ctx.now - window, deciding=d.incident)
+    window = rules.window
+    used = ctx.guards.requeues(job.id, ctx.now - window, deciding=d.incident, hardware=hardware)
     if used >= budget:
+        kind = {True: " for hardware faults", False: " for its own failures", None: ""}[hardware]
         why = (
-            f"job {job.id} was requeued {used} time(s) in the last "
+            f"job {job.id} was requeued {used} time(s){kind} in the last "
             f"{int(window.total_seconds())}s (budget {budget}); {ctx.attr.reason}"
         )
         return _give_up(d, "retry_budget_exhausted", why)
