@@ -12,7 +12,7 @@ import yaml
 
 from webhook.core.alerts import Payload
 from webhook.core.cluster import ClusterView, Job, Node
-from webhook.core.policy import load_policy
+from webhook.core.policy import Policy, load_policy
 from webhook.ledger.settings import Breaker
 from webhook.ledger.store import Ledger
 from webhook.service.loop import LiveLoop
@@ -215,21 +215,25 @@ def test_the_global_switch_turns_waiting_and_new_decisions_into_records(tmp_path
     assert all(r.state == "recorded" for r in ledger.rows([r.id for r in waiting]))
 
 
-def test_an_approval_nobody_gives_expires(tmp_path: Path) -> None:
+def approving(
+    tmp_path: Path, expires: str, **policy: object
+) -> tuple[Ledger, Policy, Clock, LiveLoop]:
+    """A loop in approve mode that has decided an XID on gpu01 (job 1): a drain and a requeue
+    waiting for approval."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    policy = load_policy(
-        {
-            "mode": "approve",
-            "settle_seconds": 5,
-            "approval_expires": "2h",
-            "breaker": {"max_fraction": 0.5},
-        }
+    rules = load_policy(
+        {"mode": "approve", "settle_seconds": 5, "approval_expires": expires, **policy}
     )
     clock = Clock()
-    loop = LiveLoop(ledger, policy, view, clock=clock)
+    loop = LiveLoop(ledger, rules, view, clock=clock)
     xid(ledger, "gpu01", 1, T0)
     clock.now = T0 + timedelta(seconds=10)
     loop.step()
+    return ledger, rules, clock, loop
+
+
+def test_an_approval_nobody_gives_expires(tmp_path: Path) -> None:
+    ledger, _, clock, loop = approving(tmp_path, "2h", breaker={"max_fraction": 0.5})
     waiting = ledger.in_state("awaiting_approval")
     assert len(waiting) == 2
     clock.now = T0 + timedelta(hours=1, minutes=59)
@@ -245,22 +249,10 @@ def test_an_approval_nobody_gives_expires(tmp_path: Path) -> None:
 
 
 def test_a_rejected_or_expired_decision_no_longer_counts(tmp_path: Path) -> None:
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     # 8 nodes at 10 %: one drain per hour; one requeue per job and day.
-    policy = load_policy(
-        {
-            "mode": "approve",
-            "settle_seconds": 5,
-            "approval_expires": "30m",
-            "breaker": {"max_fraction": 0.1},
-            "retry_budget": {"max_requeues": 1},
-        }
+    ledger, policy, clock, loop = approving(
+        tmp_path, "30m", breaker={"max_fraction": 0.1}, retry_budget={"max_requeues": 1}
     )
-    clock = Clock()
-    loop = LiveLoop(ledger, policy, view, clock=clock)
-    xid(ledger, "gpu01", 1, T0)
-    clock.now = T0 + timedelta(seconds=10)
-    loop.step()
     drain, requeue = sorted(ledger.in_state("awaiting_approval"), key=lambda r: r.action)
     assert (drain.action, requeue.action) == ("drain", "requeue")
     # Waiting, it counts: a second drain within the hour opens the breaker.

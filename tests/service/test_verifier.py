@@ -109,13 +109,19 @@ def view(job: int, restarts: int = 1, state: str = "RUNNING") -> ClusterView:
     return v
 
 
-def test_a_requeue_is_watched_then_verified(prom: FakePrometheus, tmp_path: Path) -> None:
+def watching(prom: FakePrometheus, tmp_path: Path, job: int) -> tuple[Ledger, Verifier]:
+    """A ledger with an executed requeue of `job`, and an enforce-mode verifier of it."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
-    executed_requeue(ledger, 7)
+    executed_requeue(ledger, job)
     url = f"http://127.0.0.1:{prom.server_address[1]}"
     verifier = Verifier(
         ledger, Prometheus(url), load_policy({"mode": "enforce"}), clock=lambda: NOW
     )
+    return ledger, verifier
+
+
+def test_a_requeue_is_watched_then_verified(prom: FakePrometheus, tmp_path: Path) -> None:
+    ledger, verifier = watching(prom, tmp_path, 7)
     guards = GuardState()
     prom.answer = vector(*progress(7, 0, 120, 118))  # the failed attempt, as of the requeue
     assert verifier.step(view(7), guards) == []
@@ -145,12 +151,7 @@ def test_a_requeue_is_watched_then_verified(prom: FakePrometheus, tmp_path: Path
 def test_a_prometheus_that_answers_nonsense_judges_nothing_and_breaks_nothing(
     prom: FakePrometheus, tmp_path: Path, answer: Any
 ) -> None:
-    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
-    executed_requeue(ledger, 8)
-    url = f"http://127.0.0.1:{prom.server_address[1]}"
-    verifier = Verifier(
-        ledger, Prometheus(url), load_policy({"mode": "enforce"}), clock=lambda: NOW
-    )
+    ledger, verifier = watching(prom, tmp_path, 8)
     prom.answer = vector(*progress(8, 0, 50))
     verifier.step(view(8), GuardState())
     prom.answer = answer
@@ -175,12 +176,7 @@ def test_old_requeues_are_not_judged_when_verification_is_turned_on(
 def test_a_failed_recovery_from_the_ledger_is_counted_once_by_its_attempts_requeue(
     prom: FakePrometheus, tmp_path: Path
 ) -> None:
-    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
-    executed_requeue(ledger, 7)
-    url = f"http://127.0.0.1:{prom.server_address[1]}"
-    verifier = Verifier(
-        ledger, Prometheus(url), load_policy({"mode": "enforce"}), clock=lambda: NOW
-    )
+    ledger, verifier = watching(prom, tmp_path, 7)
     prom.answer = vector(*progress(7, 0, 120))
     verifier.step(view(7), GuardState())
     prom.answer = vector(*progress(7, 1, 100))
