@@ -267,7 +267,8 @@ def test_a_task_failure_alert_firing_after_the_requeue_belongs_to_the_attempt_it
     e.receive(failed(late, T0 + timedelta(seconds=1)), late)
     assert e.tick(late + timedelta(seconds=10)) == []
     assert set(e.incidents) == {"1.0"}
-    # Attempt 1's own failure, within the rule's window: its line is after attempt 1 started.
-    again = T0 + timedelta(minutes=4)
-    e.receive(failed(again, again - timedelta(seconds=10)), again)
+    # Attempt 1's own crash, on a node whose clock is 10 s behind: its line reads a time
+    # before attempt 1 started, but after slurmedic decided attempt 0's requeue: attempt 1's.
+    crash = T0 + timedelta(seconds=32)
+    e.receive(failed(crash + timedelta(seconds=20), crash - timedelta(seconds=10)), crash)
     assert "1.1" in e.incidents

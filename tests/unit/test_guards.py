@@ -427,7 +427,7 @@ def test_hardware_requeues_can_have_a_budget_of_their_own() -> None:
     out = g.retry_budget(planned(c, "requeue"), c)
     assert out.decisions[0].action == "stop"
     assert out.decisions[0].reason.startswith(
-        "job 7 was requeued 3 time(s) for hardware faults in the last 86400s (budget 3)"
+        "job 7 was requeued 3 time(s) for the cluster's faults in the last 86400s (budget 3)"
     )
     retrying = job("FAILED", comment={"retry_application": True})
     c = ctx(APP, retrying, history=crashes + faults, retry_budget=apart)
@@ -439,9 +439,17 @@ def test_hardware_requeues_can_have_a_budget_of_their_own() -> None:
     failed = PastAction(T0 - timedelta(minutes=5), "recovery_failed", 7, cause="gpu_hardware")
     c = ctx(APP, retrying, history=(crashes[0], *faults, failed), retry_budget=apart)
     assert summary(g.retry_budget(planned(c, "requeue"), c))[0][0] == "stop"
-    # The job's own lower budget holds for both.
-    c = ctx(GPU, job(comment={"max_requeues": 1}), history=faults[:1], retry_budget=apart)
-    assert summary(g.retry_budget(planned(c, "requeue"), c))[0][0] == "stop"
+    # The job's own budget holds for both together: it asks for fewer in all, never for more.
+    asking = job(comment={"max_requeues": 3})
+    c = ctx(GPU, asking, history=(*crashes, faults[0]), retry_budget=apart)
+    out = g.retry_budget(planned(c, "requeue"), c)
+    assert out.decisions[0].action == "stop"
+    assert out.decisions[0].reason.startswith(
+        "job 7 was requeued 3 time(s) in the last 86400s (its own budget 3)"
+    )
+    c = ctx(GPU, asking, history=crashes, retry_budget=apart)
+    d = planned(c, "requeue")
+    assert g.retry_budget(d, c).decisions == (d,)
 
 
 def test_a_comment_lowers_the_budget_and_never_raises_it() -> None:
@@ -740,6 +748,23 @@ def test_readmit_takes_back_only_what_its_own_drain_took_out(
     settled = T0 - timedelta(hours=4)
     drained, _ = GuardState(history=list(history)).readmittable(7, settled, settled)
     assert drained == readmitted
+
+
+def test_a_rejected_drain_stops_counting_but_its_requeue_s_exclusion_is_still_readmitted() -> None:
+    # drain: approve, requeue: enforce. The requeue ran, excluding gpu07; a person rejected the
+    # drain (the node is fine). The breaker stops counting it; the exclusion is taken back.
+    drain = PastAction(T0 - timedelta(hours=5), "drain", 7, nodes=("gpu07",), incident="7.0")
+    ran = PastAction(T0 - timedelta(hours=5), "requeue", 7, exclude=("gpu07",), incident="7.0")
+    state = GuardState(history=[drain, ran])
+    settled = T0 - timedelta(hours=4)
+    assert set(state.drained(T0 - timedelta(hours=6))) == {"gpu07"}
+    state.forget({("7.0", "drain", drain.at)})
+    assert set(state.drained(T0 - timedelta(hours=6))) == set()
+    assert state.readmittable(7, settled, settled)[0] == {"gpu07"}
+    assert state.requeues(7, T0 - timedelta(hours=6)) == 1
+    # A rejected requeue excluded nothing and spends nothing.
+    state.forget({("7.0", "requeue", ran.at)})
+    assert state.excluded(7) == set() and state.requeues(7, T0 - timedelta(hours=6)) == 0
 
 
 def test_room_counts_the_nodes_a_requeue_readmits() -> None:

@@ -33,6 +33,10 @@ DRAIN_CAUSES = {"gpu_hardware", "node_failure", "network", "straggler"}
 # failed restarts afresh. A job of thousands of nodes meets one every few hours whatever its
 # progress; a restart that died of one is not the job failing to make progress.
 FAULT_CAUSES = frozenset({"gpu_hardware", "node_failure", "network"})
+# The cluster's failures, not the job's: what slurmedic blames on nodes it drains, and a shared
+# cause it requeues jobs away from. With retry_budget.max_hardware_requeues, their requeues
+# have a budget apart from the job's own failures'.
+CLUSTER_CAUSES = frozenset({*DRAIN_CAUSES, SHARED})
 SCHEDULER_ACTIONS = frozenset({"drain", "requeue", "stop", "resume"})  # the ones that change Slurm
 JOB_ACTIONS = frozenset({"requeue", "stop"})  # the ones that interrupt a job
 # Causes that blame nobody: a job that died of them is requeued once, then given to a human.
@@ -101,6 +105,10 @@ class PastAction:
     # The incident that decided it ("" when unknown: a scenario's history); a failed recovery's
     # is the recovery check's (`verify:1001.3`), which names the attempt it judged.
     incident: str = ""
+    # Never carried out (a human rejected it, or nobody approved it in time): the guards do not
+    # count it, and a rejected requeue excluded nothing. A drain's record stays for `readmit`:
+    # its requeue's exclusion of the node (when that ran) is taken back as any other.
+    undone: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,15 +151,15 @@ class GuardState:
         self, job: int, since: datetime, deciding: str = "", hardware: bool | None = None
     ) -> int:
         """Requeues of the job, and its failed recoveries that no requeue counts: each failure
-        spends the budget once. With `hardware`, only the requeues for hardware slurmedic
-        blamed (FAULT_CAUSES), or only the others and the failed recoveries (the job's own).
+        spends the budget once. With `hardware`, only the requeues for the cluster's failures
+        (CLUSTER_CAUSES), or only the others and the failed recoveries (the job's own).
 
         A failed recovery (`verify:1001.3`: attempt 1001.4 failed) is counted by the requeue
         for that attempt's failure (`1001.4`), made before or being decided now (`deciding`);
         counting both spent a crash loop's budget twice as fast, and a GPU fault then stopped
         the job. One with no attempt on record (a scenario's history) is counted by any
         requeue after it."""
-        mine = self._index.of_job(self.history, job)
+        mine = [h for h in self._index.of_job(self.history, job) if not h.undone]
         requeued = {h.incident for h in mine if h.action == "requeue"} | {deciding}
         last = max((h.at for h in mine if h.action == "requeue"), default=None)
 
@@ -166,7 +174,8 @@ class GuardState:
             for h in mine
             if h.at >= since
             and (
-                hardware is None or (h.action == "requeue" and h.cause in FAULT_CAUSES) == hardware
+                hardware is None
+                or (h.action == "requeue" and h.cause in CLUSTER_CAUSES) == hardware
             )
             and (h.action == "requeue" or (h.action == "recovery_failed" and not recounted(h)))
         )
@@ -175,7 +184,7 @@ class GuardState:
         """The job's failed recoveries in a row: since `since`, its last good one and its last
         requeue for a new hardware fault (the restart that fault ended is not counted either:
         the requeue comes after the failed recovery it follows)."""
-        mine = self._index.of_job(self.history, job)
+        mine = [h for h in self._index.of_job(self.history, job) if not h.undone]
         since = max(
             [
                 since,
@@ -228,7 +237,10 @@ class GuardState:
         """Stop counting decisions that will never be carried out (incident, action, time):
         a human rejected them, or nobody approved them in time."""
         if undone:
-            self.history = [h for h in self.history if (h.incident, h.action, h.at) not in undone]
+            self.history = [
+                replace(h, undone=True) if (h.incident, h.action, h.at) in undone else h
+                for h in self.history
+            ]
 
     def adopt(self, trial: GuardState) -> None:
         """Take a revision's guard state (its actions replace the incident's earlier ones)."""
@@ -239,7 +251,11 @@ class GuardState:
         """Each node the job's earlier requeues excluded, and none readmitted since: the
         requeue that excluded it last."""
         last: dict[str, PastAction] = {}
-        mine = (h for h in self._index.of_job(self.history, job) if h.action == "requeue")
+        mine = (
+            h
+            for h in self._index.of_job(self.history, job)
+            if h.action == "requeue" and not h.undone
+        )
         for h in sorted(mine, key=lambda h: h.at):
             for n in h.readmit:
                 last.pop(n, None)
@@ -285,7 +301,7 @@ class GuardState:
             for n, req in why.items()
             if any(h.incident == req.incident for h in drains.get(n, ()))
             and not any(
-                h.incident != req.incident and h.at > req.at and h.at >= settled
+                h.incident != req.incident and h.at > req.at and h.at >= settled and not h.undone
                 for h in drains.get(n, ())
             )
         }
@@ -294,7 +310,10 @@ class GuardState:
             for n, req in why.items()
             if req.cause == SHARED
             and req.at < switch_before
-            and not any(h.incident == req.incident or h.at > req.at for h in drains.get(n, ()))
+            and not any(
+                not h.undone and (h.incident == req.incident or h.at > req.at)
+                for h in drains.get(n, ())
+            )
         }
         return drained, switch
 
@@ -306,7 +325,7 @@ class GuardState:
         found = [
             h
             for h in self._index.of_job(self.history, job)
-            if h.action == "requeue" and h.cause in BLAMELESS and h.at >= since
+            if h.action == "requeue" and h.cause in BLAMELESS and h.at >= since and not h.undone
         ]
         return max(found, key=lambda h: h.at) if found else None
 

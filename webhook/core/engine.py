@@ -355,6 +355,17 @@ class Engine:
         began = ev.since or ev.starts_at
         attempt = job.restarts
         not_yet = job.waiting or (job.started is not None and began < job.started)
+        if job.restarts > 0 and not not_yet and ev.failed_at is not None:
+            # A task failure whose line was read before slurmedic decided to requeue the attempt
+            # before this one: its second alert (lines read in two scrapes), firing after the
+            # successor started. Not the successor's start as the bound: the line's time is
+            # the node's clock, and the successor's own crash must not pass for the old one.
+            before = self.incidents.get(str(IncidentKey.of_attempt(job.id, job.restarts - 1)))
+            not_yet = (
+                before is not None
+                and before.decided_at is not None
+                and ev.failed_at <= before.decided_at
+            )
         if job.restarts > 0 and not_yet:
             attempt -= 1
         # Spelt once per attempt, not once per alert.

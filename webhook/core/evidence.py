@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from webhook.core.alerts import Alert
 from webhook.core.cluster import JOB_ID, ClusterView
@@ -39,9 +39,11 @@ class Evidence:
     received_at: datetime
     summary: str = ""
     problems: tuple[str, ...] = field(default=())
-    # When the condition the alert reports began, when it says (`began`: a hang's last
-    # progress, a task failure's line); startsAt is when the rule noticed.
+    # When the condition the alert reports began, when it says (a hang's last progress);
+    # startsAt is when the rule noticed.
     since: datetime | None = None
+    # A task failure's line, as the node read it: which attempt failed (line_time).
+    failed_at: datetime | None = None
 
     @property
     def actionable(self) -> bool:
@@ -57,6 +59,7 @@ class Evidence:
 
 
 MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z
+LINE_SKEW = timedelta(minutes=15)
 
 
 def epoch(text: str) -> datetime | None:
@@ -71,13 +74,20 @@ def epoch(text: str) -> datetime | None:
     return datetime.fromtimestamp(value, UTC)
 
 
-def began(alert: Alert) -> datetime | None:
-    """When the condition an alert reports began, when it says: a hang's last progress (the
-    annotation `stalled_since`), a task failure's log line (the label `failed_at`, which names
-    each failure). startsAt is when a rule noticed, a scrape and an evaluation later, or more."""
-    return epoch(alert.annotations.get("stalled_since", "")) or epoch(
-        alert.labels.get("failed_at", "")
-    )
+def stalled_since(alert: Alert) -> datetime | None:
+    """When a hang began: its last progress (the annotation `stalled_since`)."""
+    return epoch(alert.annotations.get("stalled_since", ""))
+
+
+def line_time(alert: Alert) -> datetime | None:
+    """When the node's mtail read a task failure's log line (`TrainingTaskFailed`'s label
+    `failed_at`, on the node's clock, not Prometheus'). Believed only within LINE_SKEW of the
+    alert's start, which comes a scrape and an evaluation after the line: a clock that far off,
+    or another rule's label, says nothing."""
+    at = epoch(alert.labels.get("failed_at", ""))
+    if at is None or abs(alert.startsAt - at) > LINE_SKEW:
+        return None
+    return at
 
 
 def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Evidence:
@@ -106,5 +116,6 @@ def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Eviden
         received_at=received_at,
         summary=alert.annotations.get("summary", ""),
         problems=tuple(problems),
-        since=began(alert),
+        since=stalled_since(alert),
+        failed_at=line_time(alert),
     )

@@ -26,6 +26,7 @@ from webhook.core import durations
 from webhook.core.attribution import Attribution, names
 from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
 from webhook.core.decisions import (
+    CLUSTER_CAUSES,
     FAULT_CAUSES,
     BreakerOpened,
     Counted,
@@ -371,25 +372,36 @@ def no_progress(d: Decision, ctx: Context) -> Outcome:
 def retry_budget(d: Decision, ctx: Context) -> Outcome:
     """At most N requeues of a job in the window (a job may ask for fewer, never for more);
     past that, stop + escalate. A requeue it lets through is spent from the budget. With
-    `max_hardware_requeues`, requeues for hardware slurmedic blames have a budget of their own."""
+    `max_hardware_requeues`, requeues for the cluster's failures (a node slurmedic drains, a
+    shared cause) have a budget of their own."""
     job = ctx.job
     if not _planned(d, "requeue") or job is None:
         return _keep(d)
     rules = ctx.policy.retry_budget
-    hardware = None if rules.max_hardware_requeues is None else ctx.attr.cause in FAULT_CAUSES
+    hardware = None if rules.max_hardware_requeues is None else ctx.attr.cause in CLUSTER_CAUSES
     budget = rules.max_requeues
     if hardware and rules.max_hardware_requeues is not None:
         budget = rules.max_hardware_requeues
+    since, window = ctx.now - rules.window, int(rules.window.total_seconds())
+    used = ctx.guards.requeues(job.id, since, deciding=d.incident, hardware=hardware)
+    kind = {True: " for the cluster's faults", False: " for its own failures", None: ""}[hardware]
     wanted = job.options().get("max_requeues")
     if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
-        budget = min(budget, wanted)
-    window = rules.window
-    used = ctx.guards.requeues(job.id, ctx.now - window, deciding=d.incident, hardware=hardware)
+        if hardware is None:
+            budget = min(budget, wanted)
+        else:
+            # A job may ask for fewer requeues in all, never for more: its own budget is one.
+            total = ctx.guards.requeues(job.id, since, deciding=d.incident)
+            if total >= wanted:
+                why = (
+                    f"job {job.id} was requeued {total} time(s) in the last {window}s (its "
+                    f"own budget {wanted}); {ctx.attr.reason}"
+                )
+                return _give_up(d, "retry_budget_exhausted", why)
     if used >= budget:
-        kind = {True: " for hardware faults", False: " for its own failures", None: ""}[hardware]
         why = (
-            f"job {job.id} was requeued {used} time(s){kind} in the last "
-            f"{int(window.total_seconds())}s (budget {budget}); {ctx.attr.reason}"
+            f"job {job.id} was requeued {used} time(s){kind} in the last {window}s "
+            f"(budget {budget}); {ctx.attr.reason}"
         )
         return _give_up(d, "retry_budget_exhausted", why)
     # A requeue nobody could be blamed for remembers where the job failed first (its

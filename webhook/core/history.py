@@ -25,6 +25,8 @@ class Action(Protocol):
     def job(self) -> int | None: ...
     @property
     def nodes(self) -> tuple[str, ...]: ...
+    @property
+    def undone(self) -> bool: ...
 
 
 A = TypeVar("A", bound=Action)
@@ -88,6 +90,8 @@ class HistoryIndex(Generic[A]):
             return
         for n in a.nodes:
             self._drains_by_node.setdefault(n, []).append(a)
+        if a.undone:
+            return  # never ran: not in the breaker's window
         if self._drains and a.at < self._drains[-1].at:
             insort(self._drains, a, key=_at)
             self._since = None  # out of order: the window is counted afresh when next asked

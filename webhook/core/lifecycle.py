@@ -80,9 +80,9 @@ PREVIOUS: dict[str, frozenset[str]] = {
 OPEN = frozenset({RECORDED, AWAITING_APPROVAL, PENDING, APPROVED})
 # Carried out, or being carried out.
 CARRIED_OUT = frozenset({RUNNING, EXECUTED, FAILED})
-# Never carried out, and never to be: the guards stop counting them (a rejected drain against
-# the breaker, a requeue nobody approved against the job's budget).
-UNDONE = frozenset({REJECTED, EXPIRED, SUPERSEDED})
+# Never carried out, by a human's no or for want of a yes: the guards stop counting them (a
+# rejected drain against the breaker, a requeue nobody approved against the job's budget).
+REFUSED = frozenset({REJECTED, EXPIRED})
 # Waiting for the executor or a human, or being carried out: not decided yet.
 WAITING = frozenset({PENDING, AWAITING_APPROVAL, APPROVED, RUNNING})
 # Work the executor picks up: enforce decisions, approved ones, runs a crash interrupted.

@@ -67,9 +67,9 @@ class Scope(_Strict):
 class RetryBudget(_Strict):
     max_requeues: int = Field(default=3, ge=0)
     window: Duration = timedelta(hours=24)
-    # Requeues for hardware slurmedic blames and drains (FAULT_CAUSES) counted apart, with
-    # their own limit: a crash loop then cannot spend the budget a large job needs for the GPU
-    # faults it meets every few hours. None: one budget for every cause.
+    # Requeues for the cluster's failures (CLUSTER_CAUSES: nodes slurmedic drains, a shared
+    # cause) counted apart, with their own limit: a crash loop then cannot spend the budget a
+    # large job needs for the GPU faults it meets every few hours. None: one for every cause.
     max_hardware_requeues: int | None = Field(default=None, ge=0)
 
 

@@ -40,9 +40,9 @@ from webhook.core.lifecycle import (
     NOTE,
     OPEN,
     PREVIOUS,
+    REFUSED,
     RUNNING,
     SUPERSEDED,
-    UNDONE,
     IllegalTransition,
     check,
 )
@@ -833,14 +833,15 @@ class Ledger:
     def _past(
         s: Session, *where: ColumnElement[bool], where_failed: bool = True
     ) -> Iterator[PastAction]:
-        """The decisions that count as done (not superseded, rejected or expired, no guard said
-        no), as the guards remember them. Streamed, each row's evidence read only where it is
-        needed: a year of a large cluster's decisions does not fit in memory at once. Without
-        `where_failed`, a requeue nobody was blamed for does not say where its failure began
-        (its evidence is not read: what excludes nodes needs only its exclusions)."""
+        """The decisions that count as done (not superseded, no guard said no), as the guards
+        remember them; rejected and expired ones marked `undone`. Streamed, each row's evidence
+        read only where it is needed: a year of a large cluster's decisions does not fit in
+        memory at once. Without `where_failed`, a requeue nobody was blamed for does not say
+        where its failure began (its evidence is not read: what excludes nodes needs only its
+        exclusions)."""
         rows = s.scalars(
             select(DecisionRow)
-            .where(*where, DecisionRow.state.not_in(UNDONE))
+            .where(*where, DecisionRow.state != SUPERSEDED)
             .order_by(DecisionRow.at, DecisionRow.id)
             .options(defer(DecisionRow.evidence))
             .execution_options(yield_per=1000)
@@ -873,6 +874,7 @@ class Ledger:
                     cause=r.cause,
                     incident=r.incident,
                     readmit=tuple(r.readmit or ()),
+                    undone=r.state in REFUSED,
                 )
 
 

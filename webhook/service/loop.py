@@ -23,7 +23,7 @@ from webhook.core.lifecycle import (
     DRY_RUN_FIRST,
     EXPIRED,
     RECORDED,
-    REJECTED,
+    REFUSED,
     IllegalTransition,
 )
 from webhook.core.policy import Policy
@@ -335,7 +335,7 @@ class LiveLoop:
         was, self.awaiting = self.awaiting, self._awaiting()
         gone = [i for i in was if i not in self.awaiting]
         if gone:
-            undone = {was[r.id] for r in self.ledger.rows(gone) if r.state in (REJECTED, EXPIRED)}
+            undone = {was[r.id] for r in self.ledger.rows(gone) if r.state in REFUSED}
             self.engine.guards.forget(undone)
             for incident, action, _ in sorted(undone):
                 log.info("%s %s was not carried out: no longer counted", incident, action)
