@@ -489,6 +489,17 @@ class Ledger:
             ).all()
             return list(rows)
 
+    def awaiting(self) -> dict[int, tuple[str, str, datetime]]:
+        """The decisions waiting for approval: id -> (incident, action, time), as the guards
+        know them (the loop reads them every step: no evidence)."""
+        with self.session() as s:
+            rows = s.execute(
+                select(
+                    DecisionRow.id, DecisionRow.incident, DecisionRow.action, DecisionRow.at
+                ).where(DecisionRow.state == AWAITING_APPROVAL)
+            ).all()
+        return {i: (incident, action, _utc(at)) for i, incident, action, at in rows}
+
     def in_state(self, *states: str) -> list[DecisionRow]:
         with self.session() as s:
             rows = s.scalars(

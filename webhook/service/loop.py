@@ -117,7 +117,7 @@ class LiveLoop:
         # Before the ledger's first notification (or this start, on a new one) nothing is known.
         self.engine.guards.memory_since = ledger.record_begins() or now
         # Counted as if they will run; forgotten if they never do (_forget_refused).
-        self.awaiting = self._awaiting()
+        self.awaiting = ledger.awaiting()
         breaker = ledger.setting(Breaker)
         self.engine.guards.breaker_open = breaker.open
         if breaker.reset_at is not None:
@@ -317,13 +317,12 @@ class LiveLoop:
                 continue  # approved or rejected meanwhile
             log.info("decision %s expired unapproved", row.id)
 
-    def _awaiting(
-        self, rows: list[DecisionRow] | None = None
-    ) -> dict[int, tuple[str, str, datetime]]:
-        """The decisions waiting for approval (of `rows`, or all), as the guards know them."""
+    @staticmethod
+    def _awaiting(rows: list[DecisionRow]) -> dict[int, tuple[str, str, datetime]]:
+        """Of `rows`, those waiting for approval, as the guards know them."""
         return {
             r.id: (r.incident, r.action, r.at if r.at.tzinfo else r.at.replace(tzinfo=UTC))
-            for r in (self.ledger.in_state(AWAITING_APPROVAL) if rows is None else rows)
+            for r in rows
             if r.state == AWAITING_APPROVAL
         }
 
@@ -332,7 +331,7 @@ class LiveLoop:
         against the breaker, a requeue against the job's budget). One a human rejected (in
         another process: the console, `slurmedic reject`) or nobody approved in time never
         runs: they forget it."""
-        was, self.awaiting = self.awaiting, self._awaiting()
+        was, self.awaiting = self.awaiting, self.ledger.awaiting()
         gone = [i for i in was if i not in self.awaiting]
         if gone:
             undone = {was[r.id] for r in self.ledger.rows(gone) if r.state in REFUSED}
