@@ -272,3 +272,33 @@ def test_a_task_failure_alert_firing_after_the_requeue_belongs_to_the_attempt_it
     crash = T0 + timedelta(seconds=32)
     e.receive(failed(crash + timedelta(seconds=20), crash - timedelta(seconds=10)), crash)
     assert "1.1" in e.incidents
+
+
+def test_a_task_failure_is_the_successor_s_when_slurmedic_did_not_requeue_before_it() -> None:
+    # A hang waits hang_wait; meanwhile Slurm requeued the job by itself and attempt 1 runs.
+    # Attempt 0's incident is decided (nothing to do: it moved on) after attempt 1 started, and
+    # attempt 1 crashes 20 s before that decision: its line is no echo of a requeue's failure.
+    e = engine(view(j1=("gpu01", "gpu02")), mode="enforce")
+    e.receive(alert(T0, signal="hang", node="gpu01", slurm_job_id="1"), T0)
+    e.tick(T0 + timedelta(seconds=30))
+    moved = T0 + timedelta(minutes=3)
+    v = view()
+    v.set_job(Job(id=1, nodes=("gpu01", "gpu02"), partition="train", restarts=1, started=moved))
+    e.update_view(v, moved)
+    t = moved
+    while t < T0 + timedelta(minutes=12):
+        t += timedelta(seconds=10)
+        e.tick(t)
+    before = e.incidents["1.0"]
+    assert before.decided_at is not None and before.decided_at > moved
+    line = before.decided_at - timedelta(seconds=20)
+    v = view()
+    v.set_job(Job(id=1, nodes=("gpu01", "gpu02"), partition="train", restarts=1, started=moved,
+                  state="FAILED", ended=line))  # fmt: skip
+    e.update_view(v, line + timedelta(seconds=1))
+    labels = {"signal": "app_error", "node": "gpu01", "slurm_job_id": "1", "rank": "0"}
+    got = e.receive(
+        alert(line + timedelta(seconds=30), **labels, failed_at=f"{line.timestamp():.0f}"),
+        line + timedelta(seconds=35),
+    )
+    assert got.incidents == ("1.1",)

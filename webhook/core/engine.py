@@ -358,14 +358,18 @@ class Engine:
         if job.restarts > 0 and not not_yet and ev.failed_at is not None:
             # A task failure whose line was read before slurmedic decided to requeue the attempt
             # before this one: its second alert (lines read in two scrapes), firing after the
-            # successor started. Not the successor's start as the bound: the line's time is
-            # the node's clock, and the successor's own crash must not pass for the old one.
+            # successor started. The decision, not the successor's start, is the bound: the
+            # line's time is the node's clock, and the successor's own crash must not pass for
+            # the old one. Only a requeue's, and never past the start: a revision, or a first
+            # decision after Slurm requeued the job itself, comes after the successor started.
             before = self.incidents.get(str(IncidentKey.of_attempt(job.id, job.restarts - 1)))
-            not_yet = (
+            if (
                 before is not None
                 and before.decided_at is not None
-                and ev.failed_at <= before.decided_at
-            )
+                and job.started is not None
+                and any(d.action == "requeue" for d in before.standing)
+            ):
+                not_yet = ev.failed_at <= min(before.decided_at, job.started)
         if job.restarts > 0 and not_yet:
             attempt -= 1
         # Spelt once per attempt, not once per alert.
