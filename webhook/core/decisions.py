@@ -148,10 +148,10 @@ class GuardState:
     )
 
     def requeues(
-        self, job: int, since: datetime, deciding: str = "", hardware: bool | None = None
+        self, job: int, since: datetime, deciding: str = "", cluster: bool | None = None
     ) -> int:
         """Requeues of the job, and its failed recoveries that no requeue counts: each failure
-        spends the budget once. With `hardware`, only the requeues for the cluster's failures
+        spends the budget once. With `cluster`, only the requeues for the cluster's failures
         (CLUSTER_CAUSES), or only the others and the failed recoveries (the job's own).
 
         A failed recovery (`verify:1001.3`: attempt 1001.4 failed) is counted by the requeue
@@ -159,7 +159,7 @@ class GuardState:
         counting both spent a crash loop's budget twice as fast, and a GPU fault then stopped
         the job. One with no attempt on record (a scenario's history) is counted by any
         requeue after it."""
-        mine = [h for h in self._index.of_job(self.history, job) if not h.undone]
+        mine = self._index.of_job(self.history, job)
         requeued = {h.incident for h in mine if h.action == "requeue"} | {deciding}
         last = max((h.at for h in mine if h.action == "requeue"), default=None)
 
@@ -174,8 +174,7 @@ class GuardState:
             for h in mine
             if h.at >= since
             and (
-                hardware is None
-                or (h.action == "requeue" and h.cause in CLUSTER_CAUSES) == hardware
+                cluster is None or (h.action == "requeue" and h.cause in CLUSTER_CAUSES) == cluster
             )
             and (h.action == "requeue" or (h.action == "recovery_failed" and not recounted(h)))
         )
@@ -184,7 +183,7 @@ class GuardState:
         """The job's failed recoveries in a row: since `since`, its last good one and its last
         requeue for a new hardware fault (the restart that fault ended is not counted either:
         the requeue comes after the failed recovery it follows)."""
-        mine = [h for h in self._index.of_job(self.history, job) if not h.undone]
+        mine = self._index.of_job(self.history, job)
         since = max(
             [
                 since,
@@ -251,11 +250,7 @@ class GuardState:
         """Each node the job's earlier requeues excluded, and none readmitted since: the
         requeue that excluded it last."""
         last: dict[str, PastAction] = {}
-        mine = (
-            h
-            for h in self._index.of_job(self.history, job)
-            if h.action == "requeue" and not h.undone
-        )
+        mine = (h for h in self._index.of_job(self.history, job) if h.action == "requeue")
         for h in sorted(mine, key=lambda h: h.at):
             for n in h.readmit:
                 last.pop(n, None)
@@ -325,7 +320,7 @@ class GuardState:
         found = [
             h
             for h in self._index.of_job(self.history, job)
-            if h.action == "requeue" and h.cause in BLAMELESS and h.at >= since and not h.undone
+            if h.action == "requeue" and h.cause in BLAMELESS and h.at >= since
         ]
         return max(found, key=lambda h: h.at) if found else None
 

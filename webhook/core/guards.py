@@ -378,16 +378,16 @@ def retry_budget(d: Decision, ctx: Context) -> Outcome:
     if not _planned(d, "requeue") or job is None:
         return _keep(d)
     rules = ctx.policy.retry_budget
-    hardware = None if rules.max_hardware_requeues is None else ctx.attr.cause in CLUSTER_CAUSES
+    cluster = None if rules.max_hardware_requeues is None else ctx.attr.cause in CLUSTER_CAUSES
     budget = rules.max_requeues
-    if hardware and rules.max_hardware_requeues is not None:
+    if cluster and rules.max_hardware_requeues is not None:
         budget = rules.max_hardware_requeues
     since, window = ctx.now - rules.window, int(rules.window.total_seconds())
-    used = ctx.guards.requeues(job.id, since, deciding=d.incident, hardware=hardware)
-    kind = {True: " for the cluster's faults", False: " for its own failures", None: ""}[hardware]
+    used = ctx.guards.requeues(job.id, since, deciding=d.incident, cluster=cluster)
+    kind = {True: " for the cluster's faults", False: " for its own failures", None: ""}[cluster]
     wanted = job.options().get("max_requeues")
     if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
-        if hardware is None:
+        if cluster is None:
             budget = min(budget, wanted)
         else:
             # A job may ask for fewer requeues in all, never for more: its own budget is one.

@@ -84,7 +84,8 @@ class HistoryIndex(Generic[A]):
         self._taken = len(history)
 
     def _take(self, a: A) -> None:
-        if a.job is not None:
+        # An action never carried out is nobody's history but its drain's, for readmit.
+        if a.job is not None and not a.undone:
             self._by_job.setdefault(a.job, []).append(a)
         if a.action != "drain":
             return

@@ -489,14 +489,17 @@ class Ledger:
             ).all()
             return list(rows)
 
-    def awaiting(self) -> dict[int, tuple[str, str, datetime]]:
-        """The decisions waiting for approval: id -> (incident, action, time), as the guards
-        know them (the loop reads them every step: no evidence)."""
+    def awaiting(self, ids: Sequence[int] | None = None) -> dict[int, tuple[str, str, datetime]]:
+        """The decisions waiting for approval (of `ids`, or all): id -> (incident, action,
+        time), as the guards know them (the loop reads them every step: no evidence)."""
+        where = [DecisionRow.state == AWAITING_APPROVAL]
+        if ids is not None:
+            where.append(DecisionRow.id.in_(ids))
         with self.session() as s:
             rows = s.execute(
                 select(
                     DecisionRow.id, DecisionRow.incident, DecisionRow.action, DecisionRow.at
-                ).where(DecisionRow.state == AWAITING_APPROVAL)
+                ).where(*where)
             ).all()
         return {i: (incident, action, _utc(at)) for i, incident, action, at in rows}
 

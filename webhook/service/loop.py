@@ -28,7 +28,6 @@ from webhook.core.lifecycle import (
 )
 from webhook.core.policy import Policy
 from webhook.executor.dispatch import Dispatcher
-from webhook.ledger.schema import DecisionRow
 from webhook.ledger.settings import (
     Breaker,
     CorruptSetting,
@@ -207,11 +206,13 @@ class LiveLoop:
         rejudged = [i for i in self.engine.take_rejudged() if i.key not in keys]
         if decisions or rejudged:
             incidents = [self.engine.incidents[k] for k in keys] + rejudged
-            rows = self.ledger.rows(self.ledger.record(decisions, incidents))
-            self.awaiting |= self._awaiting(rows)
+            ids = self.ledger.record(decisions, incidents)
+            # Watched from now: a human may reject one before the next step.
+            self.awaiting |= self.ledger.awaiting(ids)
             if self.dispatcher is not None:
                 # Monitor and approve decisions get their dry run now; enforce ones, and
                 # approved ones, are picked up below.
+                rows = self.ledger.rows(ids)
                 self.dispatcher.dispatch([r for r in rows if r.state in DRY_RUN_FIRST])
             for d in decisions:
                 log.info("%s %s %s %s: %s", d.incident, d.action, d.state, d.cause, d.reason)
@@ -316,15 +317,6 @@ class LiveLoop:
             except IllegalTransition:
                 continue  # approved or rejected meanwhile
             log.info("decision %s expired unapproved", row.id)
-
-    @staticmethod
-    def _awaiting(rows: list[DecisionRow]) -> dict[int, tuple[str, str, datetime]]:
-        """Of `rows`, those waiting for approval, as the guards know them."""
-        return {
-            r.id: (r.incident, r.action, r.at if r.at.tzinfo else r.at.replace(tzinfo=UTC))
-            for r in rows
-            if r.state == AWAITING_APPROVAL
-        }
 
     def _forget_refused(self) -> None:
         """The guards counted a decision waiting for approval as if it would run (a drain
