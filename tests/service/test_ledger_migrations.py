@@ -113,6 +113,32 @@ def test_a_sqlite_ledger_of_the_previous_release_upgrades(tmp_path: Path) -> Non
     assert sqlite_dump(path) == before
 
 
+def test_the_revisions_read_from_the_files_are_alembics() -> None:
+    """A ledger at head is checked without Alembic, against the revisions' file names: they
+    must be the revisions Alembic walks, in its order."""
+    from alembic.script import ScriptDirectory
+
+    scripts = ScriptDirectory.from_config(migrate._config())
+    walked = tuple(reversed([s.revision for s in scripts.walk_revisions()]))
+    assert migrate.shipped() == walked
+    assert migrate.head() == scripts.get_current_head()
+
+
+def alembic_imported(url: str) -> bool:
+    """Whether a fresh interpreter that opens the ledger at `url` imports Alembic."""
+    probe = (
+        "import sys; from webhook.ledger.store import Ledger; "
+        f"Ledger({url!r}); print(any(m.startswith('alembic') for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return {"True": True, "False": False}[out.stdout.strip()]
+
+
+def test_a_ledger_at_head_opens_without_importing_alembic(tmp_path: Path) -> None:
+    assert alembic_imported(f"sqlite:///{tmp_path / 'l.db'}")  # a new ledger: made by Alembic
+    assert not alembic_imported(f"sqlite:///{tmp_path / 'l.db'}")  # at head: read, not migrated
+
+
 def test_a_ledger_from_before_fault_at_gets_the_column(tmp_path: Path) -> None:
     """Older still: decisions without fault_at (the release before a61be39 added it by hand)."""
     path = previous_sqlite(tmp_path)
