@@ -316,3 +316,48 @@ def test_a_restart_days_later_still_knows_what_slurm_excludes_and_readmits_it(
     loop.engine.update_view(ClusterView(nodes=view().nodes), clock.now)  # job 1 is gone
     loop.engine.forget(clock.now + timedelta(days=2))
     assert loop.engine.guards.excluded(1) == set()
+
+
+def test_a_drain_nobody_approved_keeps_its_node_excluded(tmp_path: Path) -> None:
+    """Job 1's XID on gpu01: its requeue runs at once (enforce), its drain waits for approval
+    and expires. gpu01 stayed in service only because nobody looked: the job's next requeue,
+    after it failed elsewhere, keeps it excluded. A restart reads the same from the ledger."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy(
+        {
+            "settle_seconds": 5,
+            "mode": "enforce",
+            "actions": {"drain": "approve"},
+            "approval_expires": "30m",
+        }
+    )
+    clock = Clock()
+
+    def moved_on() -> ClusterView:
+        v = view()
+        v.set_job(Job(id=1, nodes=("gpu02",), partition="train", restarts=1, started=T0))
+        return v
+
+    views = [view]
+    loop = LiveLoop(ledger, policy, lambda: views[-1](), clock=clock, refresh_seconds=0)
+    xid(ledger, "gpu01", 1, T0)
+    clock.now = T0 + timedelta(seconds=10)
+    loop.step()
+
+    def drain_of(loop: LiveLoop) -> tuple[bool, bool]:
+        (drain,) = [h for h in loop.engine.guards.history if h.nodes == ("gpu01",)]
+        return drain.held, drain.undone
+
+    assert drain_of(loop) == (True, False)
+    clock.now = T0 + timedelta(minutes=31)
+    loop.step()
+    assert drain_of(loop) == (True, True)
+    views.append(moved_on)
+    later = T0 + timedelta(hours=3)
+    xid(ledger, "gpu02", 1, later)
+    clock.now = later + timedelta(seconds=10)
+    (requeue,) = [d for d in loop.step() if d.job == 1 and d.action == "requeue"]
+    assert (requeue.exclude, requeue.readmit) == (("gpu02",), ())
+    again = LiveLoop(ledger, policy, moved_on, clock=clock)
+    assert drain_of(again) == (True, True)
+    assert again.engine.guards.readmittable(1, clock.now, clock.now)[0] == set()

@@ -21,6 +21,7 @@ from webhook.core.cluster import ClusterView, Job, Node
 from webhook.core.decisions import BreakerOpened, Counted, Decision, GuardState, PastAction, plan
 from webhook.core.engine import Engine
 from webhook.core.evidence import Evidence
+from webhook.core.lifecycle import APPROVED, EXPIRED, RECORDED, REJECTED
 from webhook.core.policy import SHARED, load_policy
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -753,18 +754,92 @@ def test_readmit_takes_back_only_what_its_own_drain_took_out(
 def test_a_rejected_drain_stops_counting_but_its_requeue_s_exclusion_is_still_readmitted() -> None:
     # drain: approve, requeue: enforce. The requeue ran, excluding gpu07; a person rejected the
     # drain (the node is fine). The breaker stops counting it; the exclusion is taken back.
-    drain = PastAction(T0 - timedelta(hours=5), "drain", 7, nodes=("gpu07",), incident="7.0")
+    drain = PastAction(
+        T0 - timedelta(hours=5), "drain", 7, nodes=("gpu07",), incident="7.0", held=True
+    )
     ran = PastAction(T0 - timedelta(hours=5), "requeue", 7, exclude=("gpu07",), incident="7.0")
     state = GuardState(history=[drain, ran])
     settled = T0 - timedelta(hours=4)
     assert set(state.drained(T0 - timedelta(hours=6))) == {"gpu07"}
-    state.forget({("7.0", "drain", drain.at)})
+    state.settle({("7.0", "drain", drain.at): REJECTED})
     assert set(state.drained(T0 - timedelta(hours=6))) == set()
     assert state.readmittable(7, settled, settled)[0] == {"gpu07"}
     assert state.requeues(7, T0 - timedelta(hours=6)) == 1
     # A rejected requeue excluded nothing and spends nothing.
-    state.forget({("7.0", "requeue", ran.at)})
+    state.settle({("7.0", "requeue", ran.at): REJECTED})
     assert state.excluded(7) == set() and state.requeues(7, T0 - timedelta(hours=6)) == 0
+
+
+@pytest.mark.parametrize(
+    ("became", "counted", "readmitted"),
+    [
+        (None, {"gpu07"}, set()),  # still waiting: in service because it has not run
+        (APPROVED, {"gpu07"}, {"gpu07"}),  # it ran: in service again, someone resumed it
+        (REJECTED, set(), {"gpu07"}),  # a person looked: the node is fine
+        (EXPIRED, set(), set()),  # nobody looked
+        (RECORDED, {"gpu07"}, set()),  # the global switch made it a record: never ran
+    ],
+)
+def test_a_drain_that_waited_for_approval_readmits_only_once_run_or_rejected(
+    became: str | None, counted: set[str], readmitted: set[str]
+) -> None:
+    drain = PastAction(
+        T0 - timedelta(hours=5), "drain", 7, nodes=("gpu07",), incident="7.0", held=True
+    )
+    ran = PastAction(T0 - timedelta(hours=5), "requeue", 7, exclude=("gpu07",), incident="7.0")
+    state = GuardState(history=[drain, ran])
+    if became is not None:
+        state.settle({("7.0", "drain", drain.at): became})
+    settled = T0 - timedelta(hours=4)
+    assert set(state.drained(T0 - timedelta(hours=6))) == counted
+    assert state.readmittable(7, settled, settled)[0] == readmitted
+
+
+def test_a_later_drain_nobody_approved_keeps_the_node_excluded() -> None:
+    """gpu07 was drained (ran) and excluded by 7.0, then, after its repair, drained again for
+    another failure (node:gpu07), a drain that expired unapproved a day ago: nobody looked at
+    that failure, so neither exclusion is taken back (the time alone said it ran)."""
+    history = [
+        PastAction(T0 - timedelta(days=3), "drain", 7, nodes=("gpu07",), incident="7.0"),
+        PastAction(T0 - timedelta(days=3), "requeue", 7, exclude=("gpu07",), incident="7.0"),
+        PastAction(
+            T0 - timedelta(days=3),
+            "requeue",
+            8,
+            exclude=("gpu07",),
+            incident="8.0",
+            cause=SHARED,
+        ),
+        PastAction(
+            T0 - timedelta(days=1), "drain", nodes=("gpu07",), incident="node:gpu07", held=True
+        ),
+    ]
+    state = GuardState(history=history)
+    settled = T0 - timedelta(hours=4)
+    assert state.readmittable(7, settled, settled)[0] == set()
+    assert state.readmittable(8, settled, settled)[1] == set()
+    state.settle({("node:gpu07", "drain", history[-1].at): EXPIRED})
+    assert state.readmittable(7, settled, settled)[0] == set()
+    assert state.readmittable(8, settled, settled)[1] == set()
+    state.settle({("node:gpu07", "drain", history[-1].at): REJECTED})
+    assert state.readmittable(7, settled, settled)[0] == {"gpu07"}
+    assert state.readmittable(8, settled, settled)[1] == {"gpu07"}
+
+
+def test_the_actions_of_decisions_waiting_for_approval_are_counted_held() -> None:
+    j = job()
+    out = g.decide(
+        incident="7.0",
+        attr=GPU,
+        job=j,
+        evidence=[evidence("gpu02", "gpu_hw")],
+        view=view(j),
+        policy=load_policy({"mode": "enforce", "actions": {"drain": "approve"}}),
+        guards=GuardState(),
+        now=T0,
+    )
+    held = {e.action.action: e.action.held for e in out.effects if isinstance(e, Counted)}
+    assert held == {"drain": True, "requeue": False}
 
 
 def test_room_counts_the_nodes_a_requeue_readmits() -> None:

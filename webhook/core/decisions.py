@@ -14,7 +14,7 @@ The guards that may change a plan's decisions, in their order, are webhook.core.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, assert_never
@@ -24,7 +24,7 @@ from webhook.core.cluster import Job
 from webhook.core.evidence import Evidence
 from webhook.core.history import HistoryIndex
 from webhook.core.incidents import judged_attempt
-from webhook.core.lifecycle import INITIAL, PENDING, RECORDED, State
+from webhook.core.lifecycle import EXPIRED, INITIAL, PENDING, RECORDED, REJECTED, State
 from webhook.core.policy import SHARED, Policy
 from webhook.core.signals import FAILURE_SIGNALS
 
@@ -109,6 +109,15 @@ class PastAction:
     # count it, and a rejected requeue excluded nothing. A drain's record stays for `readmit`:
     # its requeue's exclusion of the node (when that ran) is taken back as any other.
     undone: bool = False
+    # Not carried out, and no person said it should not be: waiting for approval, expired
+    # unapproved, or made a record by the global switch to monitor. A held drain's node is in
+    # service only because nobody has looked at it: `readmit` does not take it back.
+    held: bool = False
+
+    @property
+    def rejected(self) -> bool:
+        """A person said no: the node it would have drained is fine, as far as anyone knows."""
+        return self.undone and not self.held
 
 
 @dataclass(frozen=True)
@@ -232,13 +241,14 @@ class GuardState:
             monitor_forced=self.monitor_forced,
         )
 
-    def forget(self, undone: Collection[tuple[str, str, datetime]]) -> None:
-        """Stop counting decisions that will never be carried out (incident, action, time):
-        a human rejected them, or nobody approved them in time."""
-        if undone:
+    def settle(self, outcomes: Mapping[tuple[str, str, datetime], str]) -> None:
+        """What became of decisions that waited for approval (incident, action, time -> the
+        state they left it for). Approved ones are carried out. Rejected and expired ones never
+        run: no longer counted (`undone`). Expired ones, and those the global switch made
+        records, stay `held`."""
+        if outcomes:
             self.history = [
-                replace(h, undone=True) if (h.incident, h.action, h.at) in undone else h
-                for h in self.history
+                _settled(h, outcomes.get((h.incident, h.action, h.at))) for h in self.history
             ]
 
     def adopt(self, trial: GuardState) -> None:
@@ -282,8 +292,9 @@ class GuardState:
         taken back once in service, in two parts:
 
         - drained: the nodes the same incident drained (back in service, someone resumed them:
-          repaired); not while a later drain of the node (another failure) is younger than
-          `settled` (it may not have run yet; older, it ran or expired);
+          repaired), or whose drain a person rejected; not while that drain is `held` (it has
+          not run, and nobody looked), nor while a later drain of the node (another failure)
+          is held or younger than `settled`;
         - off a switch: the nodes excluded off a failing switch (a shared cause) before
           `switch_before`, that no drain took out with the exclusion or since.
 
@@ -294,9 +305,13 @@ class GuardState:
         drained = {
             n
             for n, req in why.items()
-            if any(h.incident == req.incident for h in drains.get(n, ()))
+            # Its own drain ran (a person resumed the node since), or a person rejected it.
+            if any(h.incident == req.incident and not h.held for h in drains.get(n, ()))
             and not any(
-                h.incident != req.incident and h.at > req.at and h.at >= settled and not h.undone
+                h.incident != req.incident
+                and h.at > req.at
+                and not h.rejected
+                and (h.at >= settled or h.held)
                 for h in drains.get(n, ())
             )
         }
@@ -306,7 +321,7 @@ class GuardState:
             if req.cause == SHARED
             and req.at < switch_before
             and not any(
-                not h.undone and (h.incident == req.incident or h.at > req.at)
+                not h.rejected and (h.incident == req.incident or h.at > req.at)
                 for h in drains.get(n, ())
             )
         }
@@ -414,3 +429,15 @@ def initial_state(action: str, mode: str) -> State:
     if mode == "approve" and action not in SCHEDULER_ACTIONS:
         return PENDING
     return INITIAL[mode]
+
+
+def _settled(h: PastAction, state: str | None) -> PastAction:
+    if state is None:
+        return h
+    if state == REJECTED:
+        return replace(h, undone=True, held=False)
+    if state == EXPIRED:
+        return replace(h, undone=True, held=True)
+    if state == RECORDED:  # the global switch: a record, never run
+        return h
+    return replace(h, held=False)

@@ -43,6 +43,7 @@ from webhook.core.decisions import (
 from webhook.core.disruption import with_disruption
 from webhook.core.evidence import Evidence
 from webhook.core.incidents import IncidentKey
+from webhook.core.lifecycle import AWAITING_APPROVAL
 from webhook.core.policy import SHARED, Policy
 from webhook.core.signals import FAILURE_SIGNALS
 
@@ -572,4 +573,16 @@ def decide(
     out = run(plan(base, attr, job, requeue_away=away), ctx)
     # What each would disrupt, as the view says now: the trial report's measure of harm.
     measured = tuple(with_disruption(d, job, view, now) for d in out.decisions)
-    return Outcome(measured, out.effects)
+    return Outcome(measured, _held(out.effects, measured))
+
+
+def _held(effects: Sequence[Effect], decisions: Sequence[Decision]) -> tuple[Effect, ...]:
+    """The actions counted for decisions that wait for a person are `held` until one says
+    (the loop settles them): counted as if they ran, but not run."""
+    waiting = {d.action for d in decisions if d.state == AWAITING_APPROVAL}
+    return tuple(
+        Counted(replace(e.action, held=True))
+        if isinstance(e, Counted) and e.action.action in waiting
+        else e
+        for e in effects
+    )

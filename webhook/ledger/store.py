@@ -36,10 +36,12 @@ from webhook.core.lifecycle import (
     AWAITING_APPROVAL,
     CARRIED_OUT,
     EXECUTED,
+    EXPIRED,
     FAILED,
     NOTE,
     OPEN,
     PREVIOUS,
+    RECORDED,
     REFUSED,
     RUNNING,
     SUPERSEDED,
@@ -889,6 +891,8 @@ class Ledger:
                     incident=r.incident,
                     readmit=tuple(r.readmit or ()),
                     undone=r.state in REFUSED,
+                    held=r.state in (AWAITING_APPROVAL, EXPIRED)
+                    or (r.state == RECORDED and r.mode != "monitor"),
                 )
 
 

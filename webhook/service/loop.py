@@ -115,7 +115,7 @@ class LiveLoop:
         ]
         # Before the ledger's first notification (or this start, on a new one) nothing is known.
         self.engine.guards.memory_since = ledger.record_begins() or now
-        # Counted as if they will run; forgotten if they never do (_forget_refused).
+        # Counted as if they will run, held; settled when someone decides (_settle_approvals).
         self.awaiting = ledger.awaiting()
         breaker = ledger.setting(Breaker)
         self.engine.guards.breaker_open = breaker.open
@@ -191,7 +191,7 @@ class LiveLoop:
         self._sync_breaker()
         self._sync_switch()
         self._expire_approvals()
-        self._forget_refused()
+        self._settle_approvals()
         # A decision carried out meanwhile is not revised: what arrives now is its consequence.
         self.engine.close(self.ledger.carried_out(self.engine.revisable()))
         was_open = self.engine.guards.breaker_open
@@ -318,18 +318,20 @@ class LiveLoop:
                 continue  # approved or rejected meanwhile
             log.info("decision %s expired unapproved", row.id)
 
-    def _forget_refused(self) -> None:
+    def _settle_approvals(self) -> None:
         """The guards counted a decision waiting for approval as if it would run (a drain
-        against the breaker, a requeue against the job's budget). One a human rejected (in
-        another process: the console, `slurmedic reject`) or nobody approved in time never
-        runs: they forget it."""
+        against the breaker, a requeue against the job's budget), `held`. What became of it is
+        decided in another process (the console, `slurmedic approve` or `reject`) or by the
+        expiry: an approved one is carried out; one a human rejected, or nobody approved in time,
+        never runs, and the guards stop counting it."""
         was, self.awaiting = self.awaiting, self.ledger.awaiting()
         gone = [i for i in was if i not in self.awaiting]
         if gone:
-            undone = {was[r.id] for r in self.ledger.rows(gone) if r.state in REFUSED}
-            self.engine.guards.forget(undone)
-            for incident, action, _ in sorted(undone):
-                log.info("%s %s was not carried out: no longer counted", incident, action)
+            outcomes = {was[r.id]: r.state for r in self.ledger.rows(gone)}
+            self.engine.guards.settle(outcomes)
+            for (incident, action, _), state in sorted(outcomes.items()):
+                if state in REFUSED:
+                    log.info("%s %s was not carried out: no longer counted", incident, action)
 
     def _sync_breaker(self) -> None:
         """Pick up a human's reset (`slurmedic breaker reset` writes it to the ledger)."""
