@@ -151,12 +151,21 @@ def test_a_ledger_from_before_fault_at_gets_the_column(tmp_path: Path) -> None:
     assert ledger.figures().timings == []  # no fault time kept on the rows of then
 
 
-def test_a_ledger_of_a_newer_release_is_refused_by_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("stamp", "refused"),
+    [
+        ("UPDATE alembic_version SET version_num = '0099'", r"revision '0099'.*newer release"),
+        ("INSERT INTO alembic_version VALUES ('0003')", r"several revisions at once"),
+    ],
+)
+def test_a_ledger_stamped_as_this_release_cannot_read_is_refused_by_name(
+    tmp_path: Path, stamp: str, refused: str
+) -> None:
     path = tmp_path / "l.db"
     Ledger(f"sqlite:///{path}").engine.dispose()
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = '0099'")
-    with pytest.raises(migrate.SchemaError, match=r"revision '0099'.*newer release"):
+        conn.execute(stamp)
+    with pytest.raises(migrate.SchemaError, match=refused):
         Ledger(f"sqlite:///{path}")
 
 

@@ -361,3 +361,37 @@ def test_a_drain_nobody_approved_keeps_its_node_excluded(tmp_path: Path) -> None
     again = LiveLoop(ledger, policy, moved_on, clock=clock)
     assert drain_of(again) == (True, True)
     assert again.engine.guards.readmittable(1, clock.now, clock.now)[0] == set()
+
+
+def test_the_loop_settles_a_waiting_drain_as_a_restart_reads_it(tmp_path: Path) -> None:
+    """What became of a drain (run by the executor in another thread, or approved in another
+    process) reaches the guards at the loop's next step, as a restart reads it from the
+    ledger: approved, it is still held until it ran; a dry run only, because the global switch
+    went on before it ran, it stays held."""
+
+    def drain_of(loop: LiveLoop, node: str) -> bool:
+        (drain,) = [h for h in loop.engine.guards.history if h.nodes == (node,)]
+        return drain.held
+
+    for mode, node, job, moves, held in (
+        ("approve", "gpu01", 1, ("approved",), True),
+        ("approve", "gpu01", 1, ("approved", "running", "executed"), False),
+        ("enforce", "gpu02", 2, ("running", "executed"), False),
+        ("enforce", "gpu02", 2, ("recorded",), True),
+        ("enforce", "gpu02", 2, ("running", "failed"), True),
+    ):
+        ledger = Ledger(f"sqlite:///{tmp_path / f'{mode}-{len(moves)}-{held}.db'}")
+        policy = load_policy({"settle_seconds": 5, "actions": {"drain": mode}})
+        clock = Clock()
+        loop = LiveLoop(ledger, policy, view, clock=clock)
+        xid(ledger, node, job, T0)
+        clock.now = T0 + timedelta(seconds=10)
+        (drain,) = [d for d in loop.step() if d.action == "drain"]
+        assert drain_of(loop, node) is (mode == "approve")
+        (row,) = [r for r in ledger.in_state(drain.state) if r.action == "drain"]
+        for state in moves:
+            ledger.add_event(row.id, state, {"by": "test"}, clock.now)
+        clock.now += timedelta(seconds=10)
+        loop.step()
+        assert drain_of(loop, node) is held, moves
+        assert drain_of(LiveLoop(ledger, policy, view, clock=clock), node) is held, moves

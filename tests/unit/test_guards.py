@@ -21,7 +21,7 @@ from webhook.core.cluster import ClusterView, Job, Node
 from webhook.core.decisions import BreakerOpened, Counted, Decision, GuardState, PastAction, plan
 from webhook.core.engine import Engine
 from webhook.core.evidence import Evidence
-from webhook.core.lifecycle import APPROVED, EXPIRED, RECORDED, REJECTED
+from webhook.core.lifecycle import EXECUTED, EXPIRED, FAILED, RECORDED, REJECTED
 from webhook.core.policy import SHARED, load_policy
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -761,12 +761,12 @@ def test_a_rejected_drain_stops_counting_but_its_requeue_s_exclusion_is_still_re
     state = GuardState(history=[drain, ran])
     settled = T0 - timedelta(hours=4)
     assert set(state.drained(T0 - timedelta(hours=6))) == {"gpu07"}
-    state.settle({("7.0", "drain", drain.at): REJECTED})
+    state.settle({("7.0", "drain", drain.at): (REJECTED, "approve")})
     assert set(state.drained(T0 - timedelta(hours=6))) == set()
     assert state.readmittable(7, settled, settled)[0] == {"gpu07"}
     assert state.requeues(7, T0 - timedelta(hours=6)) == 1
     # A rejected requeue excluded nothing and spends nothing.
-    state.settle({("7.0", "requeue", ran.at): REJECTED})
+    state.settle({("7.0", "requeue", ran.at): (REJECTED, "approve")})
     assert state.excluded(7) == set() and state.requeues(7, T0 - timedelta(hours=6)) == 0
 
 
@@ -774,10 +774,11 @@ def test_a_rejected_drain_stops_counting_but_its_requeue_s_exclusion_is_still_re
     ("became", "counted", "readmitted"),
     [
         (None, {"gpu07"}, set()),  # still waiting: in service because it has not run
-        (APPROVED, {"gpu07"}, {"gpu07"}),  # it ran: in service again, someone resumed it
+        (EXECUTED, {"gpu07"}, {"gpu07"}),  # it ran: in service again, someone resumed it
         (REJECTED, set(), {"gpu07"}),  # a person looked: the node is fine
         (EXPIRED, set(), set()),  # nobody looked
         (RECORDED, {"gpu07"}, set()),  # the global switch made it a record: never ran
+        (FAILED, {"gpu07"}, set()),  # its run failed: the node was never taken out
     ],
 )
 def test_a_drain_that_waited_for_approval_readmits_only_once_run_or_rejected(
@@ -789,10 +790,32 @@ def test_a_drain_that_waited_for_approval_readmits_only_once_run_or_rejected(
     ran = PastAction(T0 - timedelta(hours=5), "requeue", 7, exclude=("gpu07",), incident="7.0")
     state = GuardState(history=[drain, ran])
     if became is not None:
-        state.settle({("7.0", "drain", drain.at): became})
+        state.settle({("7.0", "drain", drain.at): (became, "approve")})
     settled = T0 - timedelta(hours=4)
     assert set(state.drained(T0 - timedelta(hours=6))) == counted
     assert state.readmittable(7, settled, settled)[0] == readmitted
+
+
+def test_a_later_drain_that_ran_readmits_a_node_whose_own_drain_expired() -> None:
+    """7.0's drain of gpu07 expired (nobody looked), but a later failure's drain of it ran a day
+    ago, and gpu07 is back in service since: repaired, it is taken back."""
+    history = [
+        PastAction(
+            T0 - timedelta(days=3),
+            "drain",
+            7,
+            nodes=("gpu07",),
+            incident="7.0",
+            held=True,
+            undone=True,
+        ),
+        PastAction(T0 - timedelta(days=3), "requeue", 7, exclude=("gpu07",), incident="7.0"),
+        PastAction(T0 - timedelta(days=1), "drain", nodes=("gpu07",), incident="node:gpu07"),
+    ]
+    settled = T0 - timedelta(hours=4)
+    assert GuardState(history=history).readmittable(7, settled, settled)[0] == {"gpu07"}
+    younger = [*history[:2], replace(history[2], at=T0 - timedelta(hours=1))]
+    assert GuardState(history=younger).readmittable(7, settled, settled)[0] == set()
 
 
 def test_a_later_drain_nobody_approved_keeps_the_node_excluded() -> None:
@@ -818,10 +841,10 @@ def test_a_later_drain_nobody_approved_keeps_the_node_excluded() -> None:
     settled = T0 - timedelta(hours=4)
     assert state.readmittable(7, settled, settled)[0] == set()
     assert state.readmittable(8, settled, settled)[1] == set()
-    state.settle({("node:gpu07", "drain", history[-1].at): EXPIRED})
+    state.settle({("node:gpu07", "drain", history[-1].at): (EXPIRED, "approve")})
     assert state.readmittable(7, settled, settled)[0] == set()
     assert state.readmittable(8, settled, settled)[1] == set()
-    state.settle({("node:gpu07", "drain", history[-1].at): REJECTED})
+    state.settle({("node:gpu07", "drain", history[-1].at): (REJECTED, "approve")})
     assert state.readmittable(7, settled, settled)[0] == {"gpu07"}
     assert state.readmittable(8, settled, settled)[1] == {"gpu07"}
 
@@ -840,6 +863,20 @@ def test_the_actions_of_decisions_waiting_for_approval_are_counted_held() -> Non
     )
     held = {e.action.action: e.action.held for e in out.effects if isinstance(e, Counted)}
     assert held == {"drain": True, "requeue": False}
+    # While the global switch is on, every decision is a record: what it counts is held.
+    out = g.decide(
+        incident="7.0",
+        attr=GPU,
+        job=j,
+        evidence=[evidence("gpu02", "gpu_hw")],
+        view=view(j),
+        policy=load_policy({"mode": "enforce"}),
+        guards=GuardState(monitor_forced=True),
+        now=T0,
+    )
+    assert {d.guard for d in out.decisions} == {"global_switch"}
+    held = {e.action.action: e.action.held for e in out.effects if isinstance(e, Counted)}
+    assert held == {"drain": True, "requeue": True}
 
 
 def test_room_counts_the_nodes_a_requeue_readmits() -> None:

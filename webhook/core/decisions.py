@@ -24,7 +24,17 @@ from webhook.core.cluster import Job
 from webhook.core.evidence import Evidence
 from webhook.core.history import HistoryIndex
 from webhook.core.incidents import judged_attempt
-from webhook.core.lifecycle import EXPIRED, INITIAL, PENDING, RECORDED, REJECTED, State
+from webhook.core.lifecycle import (
+    APPROVED,
+    AWAITING_APPROVAL,
+    EXPIRED,
+    FAILED,
+    INITIAL,
+    PENDING,
+    RECORDED,
+    REFUSED,
+    State,
+)
 from webhook.core.policy import SHARED, Policy
 from webhook.core.signals import FAILURE_SIGNALS
 
@@ -86,6 +96,9 @@ class Decision:
             "mode": self.mode,
             "state": self.state,
         }
+
+
+GLOBAL_SWITCH = "global_switch"  # the guard of a decision made a record by the global switch
 
 
 @dataclass(frozen=True)
@@ -241,11 +254,11 @@ class GuardState:
             monitor_forced=self.monitor_forced,
         )
 
-    def settle(self, outcomes: Mapping[tuple[str, str, datetime], str]) -> None:
-        """What became of decisions that waited for approval (incident, action, time -> the
-        state they left it for). Approved ones are carried out. Rejected and expired ones never
-        run: no longer counted (`undone`). Expired ones, and those the global switch made
-        records, stay `held`."""
+    def settle(self, outcomes: Mapping[tuple[str, str, datetime], tuple[str, str]]) -> None:
+        """What became of decisions that waited (incident, action, time -> the state they left
+        waiting for, and their mode). Executed ones ran. Rejected and expired ones never run:
+        no longer counted (`undone`). Expired and failed ones, and those the global switch made
+        records, are `held`."""
         if outcomes:
             self.history = [
                 _settled(h, outcomes.get((h.incident, h.action, h.at))) for h in self.history
@@ -291,10 +304,10 @@ class GuardState:
         """What of the job's exclusions (its earlier requeues', none readmitted since) may be
         taken back once in service, in two parts:
 
-        - drained: the nodes the same incident drained (back in service, someone resumed them:
-          repaired), or whose drain a person rejected; not while that drain is `held` (it has
-          not run, and nobody looked), nor while a later drain of the node (another failure)
-          is held or younger than `settled`;
+        - drained: the nodes the same incident drained, or a later drain did (back in
+          service, someone resumed them: repaired), or whose drain a person rejected; a `held`
+          drain (not run, and nobody looked) is none of these; not while a later drain of the
+          node (another failure) is held or younger than `settled`;
         - off a switch: the nodes excluded off a failing switch (a shared cause) before
           `switch_before`, that no drain took out with the exclusion or since.
 
@@ -305,8 +318,12 @@ class GuardState:
         drained = {
             n
             for n, req in why.items()
-            # Its own drain ran (a person resumed the node since), or a person rejected it.
-            if any(h.incident == req.incident and not h.held for h in drains.get(n, ()))
+            # Its own drain, or a later one, ran (a person resumed the node since), or a person
+            # rejected it.
+            if any(
+                (h.incident == req.incident or h.at > req.at) and not h.held
+                for h in drains.get(n, ())
+            )
             and not any(
                 h.incident != req.incident
                 and h.at > req.at
@@ -431,13 +448,17 @@ def initial_state(action: str, mode: str) -> State:
     return INITIAL[mode]
 
 
-def _settled(h: PastAction, state: str | None) -> PastAction:
-    if state is None:
+def held(state: str, mode: str, guard: str | None = None) -> bool:
+    """Whether a decision in `state` did not run and no person refused it (PastAction.held):
+    waiting for approval or approved and not run yet, expired unapproved, failed, or only a
+    record because the global switch was on."""
+    if guard == GLOBAL_SWITCH or state in (AWAITING_APPROVAL, APPROVED, EXPIRED):
+        return True
+    return state in (FAILED, RECORDED) and mode != "monitor"
+
+
+def _settled(h: PastAction, outcome: tuple[str, str] | None) -> PastAction:
+    if outcome is None:
         return h
-    if state == REJECTED:
-        return replace(h, undone=True, held=False)
-    if state == EXPIRED:
-        return replace(h, undone=True, held=True)
-    if state == RECORDED:  # the global switch: a record, never run
-        return h
-    return replace(h, held=False)
+    state, mode = outcome
+    return replace(h, undone=h.undone or state in REFUSED, held=held(state, mode))

@@ -28,6 +28,7 @@ from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
 from webhook.core.decisions import (
     CLUSTER_CAUSES,
     FAULT_CAUSES,
+    GLOBAL_SWITCH,
     BreakerOpened,
     Counted,
     Decision,
@@ -36,6 +37,7 @@ from webhook.core.decisions import (
     PastAction,
     died_blameless,
     first_failing,
+    held,
     job_failed,
     plan,
     with_mode,
@@ -43,7 +45,6 @@ from webhook.core.decisions import (
 from webhook.core.disruption import with_disruption
 from webhook.core.evidence import Evidence
 from webhook.core.incidents import IncidentKey
-from webhook.core.lifecycle import AWAITING_APPROVAL
 from webhook.core.policy import SHARED, Policy
 from webhook.core.signals import FAILURE_SIGNALS
 
@@ -464,9 +465,7 @@ def mode(d: Decision, ctx: Context) -> Outcome:
         would = ctx.policy.mode_of(d.action, decided.partition)
         if would != "monitor":
             why = f"the global switch holds every action in monitor mode (policy: {would})"
-            decided = replace(
-                decided, guard=d.guard or "global_switch", reason=f"{d.reason}; {why}"
-            )
+            decided = replace(decided, guard=d.guard or GLOBAL_SWITCH, reason=f"{d.reason}; {why}")
     return _keep(decided)
 
 
@@ -577,9 +576,10 @@ def decide(
 
 
 def _held(effects: Sequence[Effect], decisions: Sequence[Decision]) -> tuple[Effect, ...]:
-    """The actions counted for decisions that wait for a person are `held` until one says
-    (the loop settles them): counted as if they ran, but not run."""
-    waiting = {d.action for d in decisions if d.state == AWAITING_APPROVAL}
+    """The actions counted for decisions that wait for a person, or that the global switch
+    made records, are `held` (the loop settles what becomes of them): counted as if they ran,
+    but not run."""
+    waiting = {d.action for d in decisions if held(d.state, d.mode, d.guard)}
     return tuple(
         Counted(replace(e.action, held=True))
         if isinstance(e, Counted) and e.action.action in waiting

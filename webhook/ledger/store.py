@@ -29,22 +29,28 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlche
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 from webhook.core.alerts import Alert, Payload
-from webhook.core.decisions import BLAMELESS, SCHEDULER_ACTIONS, Decision, PastAction
+from webhook.core.decisions import (
+    BLAMELESS,
+    GLOBAL_SWITCH,
+    SCHEDULER_ACTIONS,
+    Decision,
+    PastAction,
+    held,
+)
 from webhook.core.engine import Incident, evidence_key
 from webhook.core.incidents import VERIFY, BadIncidentKey, IncidentKey
 from webhook.core.lifecycle import (
     AWAITING_APPROVAL,
     CARRIED_OUT,
     EXECUTED,
-    EXPIRED,
     FAILED,
     NOTE,
     OPEN,
     PREVIOUS,
-    RECORDED,
     REFUSED,
     RUNNING,
     SUPERSEDED,
+    WAITING,
     IllegalTransition,
     check,
 )
@@ -491,10 +497,11 @@ class Ledger:
             ).all()
             return list(rows)
 
-    def awaiting(self, ids: Sequence[int] | None = None) -> dict[int, tuple[str, str, datetime]]:
-        """The decisions waiting for approval (of `ids`, or all): id -> (incident, action,
-        time), as the guards know them (the loop reads them every step: no evidence)."""
-        where = [DecisionRow.state == AWAITING_APPROVAL]
+    def waiting(self, ids: Sequence[int] | None = None) -> dict[int, tuple[str, str, datetime]]:
+        """The decisions not carried out yet, nor refused (of `ids`, or all): waiting for
+        approval, to run, or running. id -> (incident, action, time), as the guards know them
+        (the loop reads them every step: no evidence)."""
+        where = [DecisionRow.state.in_(sorted(WAITING))]
         if ids is not None:
             where.append(DecisionRow.id.in_(ids))
         with self.session() as s:
@@ -875,7 +882,7 @@ class Ledger:
                     before_checkpoint=bool(first.get("before_checkpoint")),
                     incident=r.incident,
                 )
-            elif r.guard is None:
+            elif r.guard in (None, GLOBAL_SWITCH):  # as the guards counted them
                 nodes = tuple(r.nodes)
                 if r.action == "requeue" and r.cause in BLAMELESS and where_failed:
                     # Where the failure nobody could be blamed for began: its next time there
@@ -891,8 +898,7 @@ class Ledger:
                     incident=r.incident,
                     readmit=tuple(r.readmit or ()),
                     undone=r.state in REFUSED,
-                    held=r.state in (AWAITING_APPROVAL, EXPIRED)
-                    or (r.state == RECORDED and r.mode != "monitor"),
+                    held=held(r.state, r.mode, r.guard),
                 )
 
 

@@ -115,8 +115,8 @@ class LiveLoop:
         ]
         # Before the ledger's first notification (or this start, on a new one) nothing is known.
         self.engine.guards.memory_since = ledger.record_begins() or now
-        # Counted as if they will run, held; settled when someone decides (_settle_approvals).
-        self.awaiting = ledger.awaiting()
+        # Counted as if they will run; what becomes of them is settled each step (_settle).
+        self.waiting = ledger.waiting()
         breaker = ledger.setting(Breaker)
         self.engine.guards.breaker_open = breaker.open
         if breaker.reset_at is not None:
@@ -191,7 +191,7 @@ class LiveLoop:
         self._sync_breaker()
         self._sync_switch()
         self._expire_approvals()
-        self._settle_approvals()
+        self._settle()
         # A decision carried out meanwhile is not revised: what arrives now is its consequence.
         self.engine.close(self.ledger.carried_out(self.engine.revisable()))
         was_open = self.engine.guards.breaker_open
@@ -208,7 +208,7 @@ class LiveLoop:
             incidents = [self.engine.incidents[k] for k in keys] + rejudged
             ids = self.ledger.record(decisions, incidents)
             # Watched from now: a human may reject one before the next step.
-            self.awaiting |= self.ledger.awaiting(ids)
+            self.waiting |= self.ledger.waiting(ids)
             if self.dispatcher is not None:
                 # Monitor and approve decisions get their dry run now; enforce ones, and
                 # approved ones, are picked up below.
@@ -318,20 +318,20 @@ class LiveLoop:
                 continue  # approved or rejected meanwhile
             log.info("decision %s expired unapproved", row.id)
 
-    def _settle_approvals(self) -> None:
-        """The guards counted a decision waiting for approval as if it would run (a drain
-        against the breaker, a requeue against the job's budget), `held`. What became of it is
-        decided in another process (the console, `slurmedic approve` or `reject`) or by the
-        expiry: an approved one is carried out; one a human rejected, or nobody approved in time,
-        never runs, and the guards stop counting it."""
-        was, self.awaiting = self.awaiting, self.ledger.awaiting()
-        gone = [i for i in was if i not in self.awaiting]
+    def _settle(self) -> None:
+        """The guards counted a decision as if it would run (a drain against the breaker, a
+        requeue against the job's budget) from when it was decided. What became of it is
+        decided by a person in another process (the console, `slurmedic approve` or `reject`),
+        by the expiry, or by its run: one a person rejected, or nobody approved in time, never
+        runs, and the guards stop counting it; a drain that did not run is `held`."""
+        was, self.waiting = self.waiting, self.ledger.waiting()
+        gone = [i for i in was if i not in self.waiting]
         if gone:
-            outcomes = {was[r.id]: r.state for r in self.ledger.rows(gone)}
-            self.engine.guards.settle(outcomes)
-            for (incident, action, _), state in sorted(outcomes.items()):
-                if state in REFUSED:
-                    log.info("%s %s was not carried out: no longer counted", incident, action)
+            rows = self.ledger.rows(gone)
+            self.engine.guards.settle({was[r.id]: (r.state, r.mode) for r in rows})
+            for r in rows:
+                if r.state in REFUSED:
+                    log.info("%s %s was not carried out: no longer counted", r.incident, r.action)
 
     def _sync_breaker(self) -> None:
         """Pick up a human's reset (`slurmedic breaker reset` writes it to the ledger)."""
