@@ -761,12 +761,12 @@ def test_a_rejected_drain_stops_counting_but_its_requeue_s_exclusion_is_still_re
     state = GuardState(history=[drain, ran])
     settled = T0 - timedelta(hours=4)
     assert set(state.drained(T0 - timedelta(hours=6))) == {"gpu07"}
-    state.settle({("7.0", "drain", drain.at): (REJECTED, "approve")})
+    state.settle({("7.0", "drain", drain.at): REJECTED})
     assert set(state.drained(T0 - timedelta(hours=6))) == set()
     assert state.readmittable(7, settled, settled)[0] == {"gpu07"}
     assert state.requeues(7, T0 - timedelta(hours=6)) == 1
     # A rejected requeue excluded nothing and spends nothing.
-    state.settle({("7.0", "requeue", ran.at): (REJECTED, "approve")})
+    state.settle({("7.0", "requeue", ran.at): REJECTED})
     assert state.excluded(7) == set() and state.requeues(7, T0 - timedelta(hours=6)) == 0
 
 
@@ -790,7 +790,7 @@ def test_a_drain_that_waited_for_approval_readmits_only_once_run_or_rejected(
     ran = PastAction(T0 - timedelta(hours=5), "requeue", 7, exclude=("gpu07",), incident="7.0")
     state = GuardState(history=[drain, ran])
     if became is not None:
-        state.settle({("7.0", "drain", drain.at): (became, "approve")})
+        state.settle({("7.0", "drain", drain.at): became})
     settled = T0 - timedelta(hours=4)
     assert set(state.drained(T0 - timedelta(hours=6))) == counted
     assert state.readmittable(7, settled, settled)[0] == readmitted
@@ -841,10 +841,10 @@ def test_a_later_drain_nobody_approved_keeps_the_node_excluded() -> None:
     settled = T0 - timedelta(hours=4)
     assert state.readmittable(7, settled, settled)[0] == set()
     assert state.readmittable(8, settled, settled)[1] == set()
-    state.settle({("node:gpu07", "drain", history[-1].at): (EXPIRED, "approve")})
+    state.settle({("node:gpu07", "drain", history[-1].at): EXPIRED})
     assert state.readmittable(7, settled, settled)[0] == set()
     assert state.readmittable(8, settled, settled)[1] == set()
-    state.settle({("node:gpu07", "drain", history[-1].at): (REJECTED, "approve")})
+    state.settle({("node:gpu07", "drain", history[-1].at): REJECTED})
     assert state.readmittable(7, settled, settled)[0] == {"gpu07"}
     assert state.readmittable(8, settled, settled)[1] == {"gpu07"}
 

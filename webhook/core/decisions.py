@@ -25,14 +25,12 @@ from webhook.core.evidence import Evidence
 from webhook.core.history import HistoryIndex
 from webhook.core.incidents import judged_attempt
 from webhook.core.lifecycle import (
-    APPROVED,
-    AWAITING_APPROVAL,
-    EXPIRED,
-    FAILED,
+    EXECUTED,
     INITIAL,
     PENDING,
     RECORDED,
     REFUSED,
+    REJECTED,
     State,
 )
 from webhook.core.policy import SHARED, Policy
@@ -122,8 +120,8 @@ class PastAction:
     # count it, and a rejected requeue excluded nothing. A drain's record stays for `readmit`:
     # its requeue's exclusion of the node (when that ran) is taken back as any other.
     undone: bool = False
-    # Not carried out, and no person said it should not be: waiting for approval, expired
-    # unapproved, or made a record by the global switch to monitor. A held drain's node is in
+    # Not carried out (yet), and no person said it should not be: a record (monitor mode, the
+    # global switch), waiting for approval or to run, expired, failed. A held drain's node is in
     # service only because nobody has looked at it: `readmit` does not take it back.
     held: bool = False
 
@@ -254,15 +252,13 @@ class GuardState:
             monitor_forced=self.monitor_forced,
         )
 
-    def settle(self, outcomes: Mapping[tuple[str, str, datetime], tuple[str, str]]) -> None:
-        """What became of decisions that waited (incident, action, time -> the state they left
-        waiting for, and their mode). Executed ones ran. Rejected and expired ones never run:
-        no longer counted (`undone`). Expired and failed ones, and those the global switch made
-        records, are `held`."""
-        if outcomes:
-            self.history = [
-                _settled(h, outcomes.get((h.incident, h.action, h.at))) for h in self.history
-            ]
+    def settle(self, states: Mapping[tuple[str, str, datetime], str]) -> None:
+        """What became of decisions (incident, action, time -> their state now). Rejected and
+        expired ones never run: no longer counted (`undone`). Those not run (yet) are
+        `held`."""
+        settled = [_settled(h, states.get((h.incident, h.action, h.at))) for h in self.history]
+        if settled != self.history:  # the history index is built anew only for a change
+            self.history = settled
 
     def adopt(self, trial: GuardState) -> None:
         """Take a revision's guard state (its actions replace the incident's earlier ones)."""
@@ -448,17 +444,14 @@ def initial_state(action: str, mode: str) -> State:
     return INITIAL[mode]
 
 
-def held(state: str, mode: str, guard: str | None = None) -> bool:
-    """Whether a decision in `state` did not run and no person refused it (PastAction.held):
-    waiting for approval or approved and not run yet, expired unapproved, failed, or only a
-    record because the global switch was on."""
-    if guard == GLOBAL_SWITCH or state in (AWAITING_APPROVAL, APPROVED, EXPIRED):
-        return True
-    return state in (FAILED, RECORDED) and mode != "monitor"
+def held(state: str) -> bool:
+    """Whether a decision in `state` has not run, and no person rejected it (PastAction.held):
+    waiting for approval or to run, running, expired unapproved, failed, or only a record
+    (monitor mode, or the global switch)."""
+    return state not in (EXECUTED, REJECTED)
 
 
-def _settled(h: PastAction, outcome: tuple[str, str] | None) -> PastAction:
-    if outcome is None:
+def _settled(h: PastAction, state: str | None) -> PastAction:
+    if state is None:
         return h
-    state, mode = outcome
-    return replace(h, undone=h.undone or state in REFUSED, held=held(state, mode))
+    return replace(h, undone=h.undone or state in REFUSED, held=held(state))

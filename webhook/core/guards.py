@@ -37,7 +37,6 @@ from webhook.core.decisions import (
     PastAction,
     died_blameless,
     first_failing,
-    held,
     job_failed,
     plan,
     with_mode,
@@ -45,6 +44,7 @@ from webhook.core.decisions import (
 from webhook.core.disruption import with_disruption
 from webhook.core.evidence import Evidence
 from webhook.core.incidents import IncidentKey
+from webhook.core.lifecycle import PENDING
 from webhook.core.policy import SHARED, Policy
 from webhook.core.signals import FAILURE_SIGNALS
 
@@ -576,10 +576,11 @@ def decide(
 
 
 def _held(effects: Sequence[Effect], decisions: Sequence[Decision]) -> tuple[Effect, ...]:
-    """The actions counted for decisions that wait for a person, or that the global switch
-    made records, are `held` (the loop settles what becomes of them): counted as if they ran,
-    but not run."""
-    waiting = {d.action for d in decisions if held(d.state, d.mode, d.guard)}
+    """The actions counted for records (monitor mode, the global switch) and for decisions that
+    wait for a person are `held`: counted as if they ran, but not run. The core takes an enforce
+    decision for carried out (replay, the simulator, which carries it out); the live loop holds
+    it until its run, and settles what becomes of each."""
+    waiting = {d.action for d in decisions if d.state != PENDING}
     return tuple(
         Counted(replace(e.action, held=True))
         if isinstance(e, Counted) and e.action.action in waiting

@@ -107,7 +107,8 @@ class DecisionRow(Base):
     fault_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     guard: Mapped[str | None] = mapped_column(String(48), nullable=True)
     mode: Mapped[str] = mapped_column(String(16))
-    state: Mapped[str] = mapped_column(String(24))
+    # Read every step (the loop's waiting decisions, the executor's work, the expiry).
+    state: Mapped[str] = mapped_column(String(24), index=True)
     # The partition whose modes it took (None: the policy's own; decisions before 0002).
     partition: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # What it would disrupt (webhook/core/disruption.py); None: decided before 0003.

@@ -497,20 +497,26 @@ class Ledger:
             ).all()
             return list(rows)
 
-    def waiting(self, ids: Sequence[int] | None = None) -> dict[int, tuple[str, str, datetime]]:
+    def waiting(
+        self, ids: Sequence[int] | None = None
+    ) -> dict[int, tuple[tuple[str, str, datetime], str]]:
         """The decisions not carried out yet, nor refused (of `ids`, or all): waiting for
-        approval, to run, or running. id -> (incident, action, time), as the guards know them
-        (the loop reads them every step: no evidence)."""
+        approval, to run, or running. id -> ((incident, action, time), state), as the guards
+        know them (the loop reads them every step: no evidence)."""
         where = [DecisionRow.state.in_(sorted(WAITING))]
         if ids is not None:
             where.append(DecisionRow.id.in_(ids))
         with self.session() as s:
             rows = s.execute(
                 select(
-                    DecisionRow.id, DecisionRow.incident, DecisionRow.action, DecisionRow.at
+                    DecisionRow.id,
+                    DecisionRow.incident,
+                    DecisionRow.action,
+                    DecisionRow.at,
+                    DecisionRow.state,
                 ).where(*where)
             ).all()
-        return {i: (incident, action, _utc(at)) for i, incident, action, at in rows}
+        return {i: ((incident, action, _utc(at)), state) for i, incident, action, at, state in rows}
 
     def in_state(self, *states: str) -> list[DecisionRow]:
         with self.session() as s:
@@ -898,7 +904,7 @@ class Ledger:
                     incident=r.incident,
                     readmit=tuple(r.readmit or ()),
                     undone=r.state in REFUSED,
-                    held=held(r.state, r.mode, r.guard),
+                    held=held(r.state),
                 )
 
 

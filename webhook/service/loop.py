@@ -207,8 +207,11 @@ class LiveLoop:
         if decisions or rejudged:
             incidents = [self.engine.incidents[k] for k in keys] + rejudged
             ids = self.ledger.record(decisions, incidents)
-            # Watched from now: a human may reject one before the next step.
-            self.waiting |= self.ledger.waiting(ids)
+            # Watched from now (a human may reject one before the next step); an enforce
+            # decision is held until its run.
+            recorded = self.ledger.waiting(ids)
+            self.waiting |= recorded
+            self.engine.guards.settle(dict(recorded.values()))
             if self.dispatcher is not None:
                 # Monitor and approve decisions get their dry run now; enforce ones, and
                 # approved ones, are picked up below.
@@ -320,18 +323,23 @@ class LiveLoop:
 
     def _settle(self) -> None:
         """The guards counted a decision as if it would run (a drain against the breaker, a
-        requeue against the job's budget) from when it was decided. What became of it is
+        requeue against the job's budget) from when it was decided. What becomes of it is
         decided by a person in another process (the console, `slurmedic approve` or `reject`),
         by the expiry, or by its run: one a person rejected, or nobody approved in time, never
-        runs, and the guards stop counting it; a drain that did not run is `held`."""
+        runs, and the guards stop counting it; a drain is `held` until it ran."""
         was, self.waiting = self.waiting, self.ledger.waiting()
-        gone = [i for i in was if i not in self.waiting]
-        if gone:
-            rows = self.ledger.rows(gone)
-            self.engine.guards.settle({was[r.id]: (r.state, r.mode) for r in rows})
-            for r in rows:
-                if r.state in REFUSED:
-                    log.info("%s %s was not carried out: no longer counted", r.incident, r.action)
+        moved = [i for i in was if self.waiting.get(i) != was[i]]
+        if not moved:
+            return
+        gone = [i for i in moved if i not in self.waiting]
+        now = {r.id: r.state for r in self.ledger.rows(gone)} if gone else {}
+        self.engine.guards.settle(
+            {was[i][0]: self.waiting[i][1] if i in self.waiting else now.get(i, "") for i in moved}
+        )
+        for i in gone:
+            if now.get(i) in REFUSED:
+                incident, action, _ = was[i][0]
+                log.info("%s %s was not carried out: no longer counted", incident, action)
 
     def _sync_breaker(self) -> None:
         """Pick up a human's reset (`slurmedic breaker reset` writes it to the ledger)."""
