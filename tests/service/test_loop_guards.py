@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 import yaml
 
 from webhook.core.alerts import Payload
 from webhook.core.cluster import ClusterView, Job, Node
+from webhook.core.decisions import PastAction
 from webhook.core.policy import Policy, load_policy
 from webhook.ledger.settings import Breaker
 from webhook.ledger.store import Ledger
@@ -408,3 +411,34 @@ def test_the_loop_settles_a_waiting_drain_as_a_restart_reads_it(tmp_path: Path) 
         loop.step()
         assert drain_of(loop, node) is held, moves
         assert drain_of(LiveLoop(ledger, policy, view, clock=clock), node) is held, moves
+
+
+def test_a_reject_while_a_starting_loop_reads_its_history_is_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A person rejects a drain while a starting loop streams its history from the ledger (the
+    console is another process): the loop's guards end as a later restart reads them."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5, "actions": {"drain": "approve"}})
+    clock = Clock()
+    loop = LiveLoop(ledger, policy, view, clock=clock)
+    xid(ledger, "gpu01", 1, T0)
+    clock.now = T0 + timedelta(seconds=10)
+    loop.step()
+    (row,) = [r for r in ledger.in_state("awaiting_approval") if r.action == "drain"]
+    streamed = ledger.history
+
+    def rejected_meanwhile(since: datetime) -> Iterator[PastAction]:
+        yield from streamed(since)
+        ledger.add_event(row.id, "rejected", {"by": "alice"}, clock.now)
+
+    monkeypatch.setattr(ledger, "history", rejected_meanwhile)
+    started = LiveLoop(ledger, policy, view, clock=clock)
+    monkeypatch.setattr(ledger, "history", streamed)
+    clock.now += timedelta(seconds=10)
+    started.step()
+
+    def drains(loop: LiveLoop) -> list[tuple[bool, bool]]:
+        return [(h.undone, h.held) for h in loop.engine.guards.history if h.action == "drain"]
+
+    assert drains(started) == drains(LiveLoop(ledger, policy, view, clock=clock)) == [(True, False)]

@@ -104,6 +104,10 @@ class LiveLoop:
         view = self._view()
         self.engine = Engine.with_history(view or ClusterView(), policy, [])
         since = now - max(policy.retry_budget.window, policy.breaker.window)
+        # Counted as if they will run; what becomes of them is settled each step (_settle).
+        # Read before the history: a decision moved by a person while the history streams in
+        # is then a move the next step sees.
+        self.waiting = ledger.waiting()
         # Older exclusions too: Slurm keeps a job's ExcNodeList for as long as the job lives
         # (the jobs Slurm knows, or all of them before the first view; the sweep prunes).
         known = set(view.jobs) if view else None
@@ -115,8 +119,6 @@ class LiveLoop:
         ]
         # Before the ledger's first notification (or this start, on a new one) nothing is known.
         self.engine.guards.memory_since = ledger.record_begins() or now
-        # Counted as if they will run; what becomes of them is settled each step (_settle).
-        self.waiting = ledger.waiting()
         breaker = ledger.setting(Breaker)
         self.engine.guards.breaker_open = breaker.open
         if breaker.reset_at is not None:
@@ -209,9 +211,9 @@ class LiveLoop:
             ids = self.ledger.record(decisions, incidents)
             # Watched from now (a human may reject one before the next step); an enforce
             # decision is held until its run.
-            recorded = self.ledger.waiting(ids)
-            self.waiting |= recorded
-            self.engine.guards.settle(dict(recorded.values()))
+            if recorded := self.ledger.waiting(ids):
+                self.waiting |= recorded
+                self.engine.guards.settle(dict(recorded.values()))
             if self.dispatcher is not None:
                 # Monitor and approve decisions get their dry run now; enforce ones, and
                 # approved ones, are picked up below.
