@@ -256,6 +256,8 @@ class GuardState:
         """What became of decisions (incident, action, time -> their state now). Rejected and
         expired ones never run: no longer counted (`undone`). Those not run (yet) are
         `held`."""
+        if not states:
+            return
         settled = [_settled(h, states.get((h.incident, h.action, h.at))) for h in self.history]
         if settled != self.history:  # the history index is built anew only for a change
             self.history = settled

@@ -580,10 +580,10 @@ def _held(effects: Sequence[Effect], decisions: Sequence[Decision]) -> tuple[Eff
     wait for a person are `held`: counted as if they ran, but not run. The core takes an enforce
     decision for carried out (replay, the simulator, which carries it out); the live loop holds
     it until its run, and settles what becomes of each."""
-    waiting = {d.action for d in decisions if d.state != PENDING}
+    unrun = {d.action for d in decisions if d.state != PENDING}
     return tuple(
         Counted(replace(e.action, held=True))
-        if isinstance(e, Counted) and e.action.action in waiting
+        if isinstance(e, Counted) and e.action.action in unrun
         else e
         for e in effects
     )

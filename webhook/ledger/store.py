@@ -497,15 +497,14 @@ class Ledger:
             ).all()
             return list(rows)
 
-    def waiting(
+    def watched(
         self, ids: Sequence[int] | None = None
     ) -> dict[int, tuple[tuple[str, str, datetime], str]]:
-        """The decisions not carried out yet, nor refused (of `ids`, or all): waiting for
-        approval, to run, or running. id -> ((incident, action, time), state), as the guards
-        know them (the loop reads them every step: no evidence)."""
-        where = [DecisionRow.state.in_(sorted(WAITING))]
-        if ids is not None:
-            where.append(DecisionRow.id.in_(ids))
+        """Decisions as the guards know them, and their state now: id -> ((incident, action,
+        time), state). Of `ids`, whatever their state; without, every decision not carried out
+        yet nor refused (waiting for approval, to run, or running). The loop reads them every
+        step: no evidence."""
+        where = [DecisionRow.state.in_(sorted(WAITING)) if ids is None else DecisionRow.id.in_(ids)]
         with self.session() as s:
             rows = s.execute(
                 select(

@@ -24,6 +24,7 @@ from webhook.core.lifecycle import (
     EXPIRED,
     RECORDED,
     REFUSED,
+    WAITING,
     IllegalTransition,
 )
 from webhook.core.policy import Policy
@@ -107,7 +108,8 @@ class LiveLoop:
         # Counted as if they will run; what becomes of them is settled each step (_settle).
         # Read before the history: a decision moved by a person while the history streams in
         # is then a move the next step sees.
-        self.waiting = ledger.waiting()
+        self.watching: dict[int, tuple[tuple[str, str, datetime], str]] = {}
+        waiting = ledger.watched()
         # Older exclusions too: Slurm keeps a job's ExcNodeList for as long as the job lives
         # (the jobs Slurm knows, or all of them before the first view; the sweep prunes).
         known = set(view.jobs) if view else None
@@ -117,6 +119,7 @@ class LiveLoop:
             *older.exclusions_in_force(since, alive),
             *ledger.history(since),
         ]
+        self._watch(waiting)
         # Before the ledger's first notification (or this start, on a new one) nothing is known.
         self.engine.guards.memory_since = ledger.record_begins() or now
         breaker = ledger.setting(Breaker)
@@ -211,9 +214,7 @@ class LiveLoop:
             ids = self.ledger.record(decisions, incidents)
             # Watched from now (a human may reject one before the next step); an enforce
             # decision is held until its run.
-            if recorded := self.ledger.waiting(ids):
-                self.waiting |= recorded
-                self.engine.guards.settle(dict(recorded.values()))
+            self._watch(self.ledger.watched(ids))
             if self.dispatcher is not None:
                 # Monitor and approve decisions get their dry run now; enforce ones, and
                 # approved ones, are picked up below.
@@ -329,19 +330,24 @@ class LiveLoop:
         decided by a person in another process (the console, `slurmedic approve` or `reject`),
         by the expiry, or by its run: one a person rejected, or nobody approved in time, never
         runs, and the guards stop counting it; a drain is `held` until it ran."""
-        was, self.waiting = self.waiting, self.ledger.waiting()
-        moved = [i for i in was if self.waiting.get(i) != was[i]]
-        if not moved:
+        if not self.watching:
             return
-        gone = [i for i in moved if i not in self.waiting]
-        now = {r.id: r.state for r in self.ledger.rows(gone)} if gone else {}
-        self.engine.guards.settle(
-            {was[i][0]: self.waiting[i][1] if i in self.waiting else now.get(i, "") for i in moved}
-        )
-        for i in gone:
-            if now.get(i) in REFUSED:
-                incident, action, _ = was[i][0]
+        found = self.ledger.watched(list(self.watching))
+        for (incident, action, _), state in found.values():
+            if state in REFUSED:
                 log.info("%s %s was not carried out: no longer counted", incident, action)
+        self._watch(found)
+
+    def _watch(self, found: dict[int, tuple[tuple[str, str, datetime], str]]) -> None:
+        """The guards told each decision's state now (`held`, `undone`); those not carried out
+        yet watched further."""
+        moved = {i: v for i, v in found.items() if self.watching.get(i) != v}
+        self.engine.guards.settle(dict(moved.values()))
+        for i, (key, state) in moved.items():
+            if state in WAITING:
+                self.watching[i] = (key, state)
+            else:
+                self.watching.pop(i, None)
 
     def _sync_breaker(self) -> None:
         """Pick up a human's reset (`slurmedic breaker reset` writes it to the ledger)."""
