@@ -57,7 +57,8 @@ from webhook.ledger.store import Ledger
 ROOT = Path(__file__).resolve().parent.parent
 EDA_VENV = ROOT / ".venv-eda"
 EDA_VERSION = "1.3.2"
-PORT_BASE = 26000  # the lab's; the services under test listen at +700..+703
+SIDES = ("slurmedic", "unweighted", "settle0", "eda-shape")
+PORT_BASE = 26000  # the lab's; the services under test listen at +700..+704
 TOKEN = "peer-bench-token"  # a bench's local token, not a secret
 PLAYBOOKS = ("drain_nodes", "requeue_job")
 
@@ -216,6 +217,7 @@ class Side:
     url: str
     start: Callable[[Path], subprocess.Popen[bytes]]
     ledger: Callable[[], Ledger] | None = None
+    runs_per_fault: int = len(PLAYBOOKS)  # every run a fault causes (diagnostics too)
 
 
 @dataclass
@@ -408,7 +410,17 @@ def run_side(side: Side, stream: Stream, clients: int, work: Path) -> Result:
         if side.ledger is not None:
             stored = len(side.ledger().alerts_after(0, limit=10_000_000))
             res.burst_lost = 10 * (len(stream.payloads) + len(stream.burst)) - stored
-        time.sleep(2)  # the runs still going finish inside the round's figures
+        # Every run the faults cause (diagnostics too) started and ended inside the round's
+        # figures, however long a side put them off.
+        want_all = len(stream.faults) * side.runs_per_fault
+        try:
+            wait(
+                lambda: len(first_tasks(log)) >= want_all and not runs_alive(proc.pid),
+                timeout=180,
+                interval=0.2,
+            )
+        except TimeoutError:
+            print(f"  {side.name}: {len(first_tasks(log))} of {want_all} runs, or some not done")
         res.runs = len(first_tasks(log))  # all of them: diagnostics runs too
     finally:
         sampler.stop()
@@ -417,6 +429,10 @@ def run_side(side: Side, stream: Stream, clients: int, work: Path) -> Result:
     res.cpu_by_kind = sampler.cpu_by_kind()
     res.pss_by_kind_mb = {k: v / 1024 for k, v in sampler.pss_by_kind.items()}
     return res
+
+
+def runs_alive(root: int) -> bool:
+    return any(kind_of(pid) == "ansible-playbook" for pid in processes.descendants(root))
 
 
 def dry_runs(ledger: Ledger, stream: Stream, sent: dict[int, float]) -> list[float]:
@@ -579,11 +595,13 @@ def slurmedic_side(
             raise RuntimeError(f"slurmedic did not get ready; see {run / 'serve.out'}")
         return proc
 
+    diagnostics = {**config["executor"], **(executor or {})}.get("diagnostics", True)
     return Side(
         name,
         f"http://127.0.0.1:{port}/api/v1/alerts",
         start,
         ledger=lambda: Ledger(db["url"]),
+        runs_per_fault=len(PLAYBOOKS) + (1 if diagnostics else 0),  # a drain's diagnostics
     )
 
 
@@ -656,19 +674,21 @@ def table(results: list[Result]) -> None:
         ("alerts lost", "burst_lost"),
     ):
         print(f"| {label}, all rounds | " + " | ".join(total(s, attr) for s in sides) + " |")
-    eda, ours = sides[0], sides[1]
-    ratios = ", ".join(
-        f"{label} {med(ours, attr) / med(eda, attr):.2f}x"
-        for label, attr in (
-            ("payloads/s", "payloads_per_s"),
-            ("p99", "p99_ms"),
-            ("burst p99", "burst_p99_ms"),
-            ("PSS", "peak_pss_mb"),
-            ("RSS", "peak_rss_mb"),
-            ("CPU", "cpu_s"),
+    eda = sides[0]
+    print()
+    for ours in sides[1:]:
+        ratios = ", ".join(
+            f"{label} {med(ours, attr) / med(eda, attr):.2f}x"
+            for label, attr in (
+                ("payloads/s", "payloads_per_s"),
+                ("p99", "p99_ms"),
+                ("burst p99", "burst_p99_ms"),
+                ("PSS", "peak_pss_mb"),
+                ("RSS", "peak_rss_mb"),
+                ("CPU", "cpu_s"),
+            )
         )
-    )
-    print(f"\n{ours} against {eda}: {ratios}")
+        print(f"{ours} against {eda}: {ratios}")
 
 
 def _values(v: float | list[float]) -> list[float]:
@@ -684,7 +704,14 @@ def main() -> None:
     p.add_argument("--settle", type=float, default=1.0, help="slurmedic's settle window")
     p.add_argument("--port-base", type=int, default=PORT_BASE)
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument(
+        "--sides",
+        default=",".join(SIDES),
+        help=f"slurmedic's sides beside EDA's, in order (of {','.join(SIDES)})",
+    )
     args = p.parse_args()
+    if unknown := set(args.sides.split(",")) - {"eda", *SIDES}:
+        p.error(f"--sides: no side {', '.join(sorted(unknown))} (of {','.join(SIDES)})")
     eda_rulebook_bin()
     java_home()
     work = Path(tempfile.mkdtemp(prefix="slurmedic-peer-"))
@@ -698,12 +725,17 @@ def main() -> None:
         ]
         targets = [(running_nodes(cfg, j)[1], j) for j in jobs]
         stream = make_stream(args.payloads, args.burst, targets)
-        sides = [
-            eda_side(cfg, args.port_base + 700, work),
-            slurmedic_side(cfg, args.port_base + 701, args.settle, work),
-            slurmedic_side(cfg, args.port_base + 702, 0.0, work),
+        every = {
+            "eda": eda_side(cfg, args.port_base + 700, work),
+            "slurmedic": slurmedic_side(cfg, args.port_base + 701, args.settle, work),
+            # Its playbook runs competing for the CPU as equals with the webhook, as before
+            # executor.cpu_weight.
+            "unweighted": slurmedic_side(
+                cfg, args.port_base + 704, args.settle, work, {"cpu_weight": None}, ", unweighted"
+            ),
+            "settle0": slurmedic_side(cfg, args.port_base + 702, 0.0, work),
             # The same work as EDA's: one playbook run at a time, no diagnostics after a drain.
-            slurmedic_side(
+            "eda-shape": slurmedic_side(
                 cfg,
                 args.port_base + 703,
                 args.settle,
@@ -711,7 +743,8 @@ def main() -> None:
                 {"concurrency": 1, "diagnostics": False},
                 ", 1 run at a time, no diagnostics",
             ),
-        ]
+        }
+        sides = [every["eda"], *(every[k] for k in args.sides.split(",") if k != "eda")]
         print(
             f"lab up with jobs {jobs} in {time.monotonic() - t0:.0f}s; "
             f"{args.payloads} payloads x 10 alerts ({len(targets)} XID 79 under a job), "

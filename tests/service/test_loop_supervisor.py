@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.conftest import eventually
-from webhook.cli.serve import LoopSupervisor
+from webhook.cli.serve import STOPPED, STOPPED_FD_ENV, LoopSupervisor
 
 
 def supervised(tmp_path: Path, body: str) -> tuple[LoopSupervisor, Path]:
@@ -51,3 +51,33 @@ def test_a_crashed_loop_is_started_again(tmp_path: Path) -> None:
         sup.stop()
         sup.thread.join(timeout=30)
     assert not sup.thread.is_alive()
+
+
+def test_a_loop_whose_exit_status_another_reaped_is_started_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # gunicorn's master reaps every child that ends; when it takes the loop's status first,
+    # Popen reads 0, as here: a 0 without the loop's word that it was told to stop.
+    sup, starts = supervised(tmp_path, "import sys\nsys.exit(0)")
+    with caplog.at_level(logging.ERROR, logger="slurmedic.serve"):
+        sup.start()
+        try:
+            eventually(lambda: count(starts) >= 2, timeout=30, what="the loop started again")
+        finally:
+            sup.stop()
+            sup.thread.join(timeout=30)
+    assert "the loop ended (its exit status reaped by another): starting it again" in caplog.text
+
+
+def test_a_loop_that_says_it_was_told_to_stop_is_not_started_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = f"import os\nos.write(int(os.environ[{STOPPED_FD_ENV!r}]), {STOPPED!r})"
+    sup, starts = supervised(tmp_path, body)
+    with caplog.at_level(logging.WARNING, logger="slurmedic.serve"):
+        sup.start()
+        sup.thread.join(timeout=30)
+    assert not sup.thread.is_alive(), "the supervisor still waits to start the loop again"
+    assert sup.proc is not None and sup.proc.returncode == 0
+    assert count(starts) == 1
+    assert "the loop stopped as it was told: not started again" in caplog.text

@@ -96,3 +96,23 @@ def test_a_second_serve_on_one_sqlite_ledger_is_refused(tmp_path: Path) -> None:
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     finally:
         stop_server(server.proc)
+
+
+def test_a_loop_told_to_stop_by_itself_is_not_started_again(tmp_path: Path) -> None:
+    # The loop's SIGTERM handler stops it cleanly (exit 0), and it says so to serve first: an
+    # exit 0 alone could be gunicorn's master reaping the loop's status before serve's wait.
+    server = start_server(tmp_path)
+    try:
+        (loop,) = serve_children(server.proc.pid, loop=True)
+        os.kill(loop, signal.SIGTERM)
+        out = tmp_path / "serve.out"
+        eventually(
+            lambda: "the loop stopped as it was told: not started again" in out.read_text(),
+            timeout=60,
+            what="serve to see the loop's stop",
+        )
+        # The supervisor has returned: nothing starts another loop after this.
+        assert serve_children(server.proc.pid, loop=True) == []
+        assert "starting it again" not in out.read_text()
+    finally:
+        stop_server(server.proc)

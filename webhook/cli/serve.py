@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -85,6 +86,9 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
 
 
 PARENT_ENV = "SLURMEDIC_SERVE_PID"  # set for the loop `serve` starts: whose loop it is
+# The pipe a loop `serve` started writes to when it stops as it was told (its fd number).
+STOPPED_FD_ENV = "SLURMEDIC_LOOP_STOPPED_FD"
+STOPPED = b"stopped"
 REFUSED = 3  # the loop's exit code when it may not run (a second loop on a SQLite file)
 # How a loop that was told to stop ends: its own clean exit, or the signal itself.
 TOLD_TO_STOP = frozenset({0, -signal.SIGTERM, -signal.SIGINT})
@@ -94,8 +98,13 @@ class LoopSupervisor:
     """`serve`'s loop, kept running: one that fails (an error, a `kill -9`, the OOM killer)
     starts again after 1 s, then 2, 4, ... up to a minute while it keeps failing within a
     minute of its start. /readyz says not-ready meanwhile (the loop's beat stops). A loop that
-    was told to stop (exit 0, or ended by SIGTERM or SIGINT) is not started again, nor one
-    refused its ledger (REFUSED): serve stops, saying why."""
+    was told to stop (it says so on a pipe before its exit 0, or it was ended by SIGTERM or
+    SIGINT) is not started again, nor one refused its ledger (REFUSED): serve stops, saying
+    why.
+
+    The exit code alone does not tell a stop: gunicorn's master, this process, reaps every
+    child that ends (`waitpid(-1)`), and when it takes the loop's status first, Popen reads 0.
+    A 0 without the loop's word is a loop that ended some other way."""
 
     def __init__(self, argv: list[str], env: dict[str, str], *, grace: float = 10.0) -> None:
         # How long a stopped loop may take to finish the playbooks it runs before it is killed.
@@ -112,15 +121,22 @@ class LoopSupervisor:
         delay = 1.0
         while not self.stopping.is_set():
             started = time.monotonic()
-            self.proc = subprocess.Popen(self.argv, env=self.env)
+            said, write = os.pipe()
+            try:
+                self.proc = subprocess.Popen(
+                    self.argv, env={**self.env, STOPPED_FD_ENV: str(write)}, pass_fds=(write,)
+                )
+            finally:
+                os.close(write)
             code = self.proc.wait()
+            told = _read_all(said) == STOPPED
             if self.stopping.is_set():
                 return
             if code == REFUSED:
                 log.error("the loop was refused its ledger: serve stops")
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
-            if code in TOLD_TO_STOP:
+            if code in TOLD_TO_STOP and (code != 0 or told):
                 # Told to stop (SIGTERM, SIGINT: often the one its whole process group got,
                 # serve's own stop on its way, while gunicorn still stops its workers): not
                 # started again. A signal that came before the loop's handler was in place,
@@ -131,7 +147,8 @@ class LoopSupervisor:
                 return
             if time.monotonic() - started > 60:
                 delay = 1.0
-            log.error("the loop ended (exit %s): starting it again in %.0f s", code, delay)
+            how = f"exit {code}" if code != 0 else "its exit status reaped by another"
+            log.error("the loop ended (%s): starting it again in %.0f s", how, delay)
             if self.stopping.wait(delay):
                 return
             delay = min(delay * 2, 60.0)
@@ -144,6 +161,29 @@ class LoopSupervisor:
                 self.proc.wait(self.grace)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def _read_all(fd: int) -> bytes:
+    """What was written to a pipe whose writers are gone (what a writer still holding it
+    has not written yet is not waited for), and the pipe closed."""
+    os.set_blocking(fd, False)
+    out = b""
+    try:
+        while chunk := os.read(fd, 64):
+            out += chunk
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    return out
+
+
+def _say_stopped(fd: int | None) -> None:
+    """The loop's word to its serve that it stopped as it was told (serve may be gone)."""
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(fd, STOPPED)
+            os.close(fd)
 
 
 def _stop_when_orphaned(parent: int, halt: Callable[[], None]) -> None:
@@ -164,9 +204,22 @@ def run_loop(config: ServiceConfig, policy: Policy) -> None:
     from webhook.service.loop import LiveLoop, monitor_forced
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log = logging.getLogger("slurmedic.loop")
+    stopped_fd = int(fd) if (fd := os.environ.pop(STOPPED_FD_ENV, "")).isdigit() else None
+    if stopped_fd is not None:
+        os.set_inheritable(stopped_fd, False)  # the playbook runs must not hold it open
     ledger = Ledger(config.database_url)
     ledger.lock_for_loop()  # SQLite: one loop a file (LoopRefused otherwise)
     cluster = SlurmCluster(env=config.cluster.slurm_env())
+    group = None
+    if config.executor.enabled and config.executor.cpu_weight is not None:
+        from webhook.executor import cgroup
+
+        try:
+            group = cgroup.prepare(config.executor.cpu_weight)
+            log.info("playbook runs: CPU weight %d, in %s", group.weight, group.procs.parent)
+        except cgroup.Unavailable as e:
+            log.warning("playbook runs not weighted (executor.cpu_weight): %s", e)
 
     def make_loop(ledger: Ledger) -> LiveLoop:
         """A new term's loop, built from the ledger as a restart builds one; `ledger` is
@@ -187,6 +240,7 @@ def run_loop(config: ServiceConfig, policy: Policy) -> None:
                 artifacts=config.executor.artifacts_dir.resolve()
                 if config.executor.diagnostics
                 else None,
+                group=group,
             )
         verifier = None
         if config.verification.prometheus_url:
@@ -235,6 +289,7 @@ def run_loop(config: ServiceConfig, policy: Policy) -> None:
             target=_stop_when_orphaned, args=(int(parent), replica.halt), daemon=True
         ).start()
     replica.run(config.tick_seconds)
+    _say_stopped(stopped_fd)
 
 
 @click.command()

@@ -42,6 +42,7 @@ from webhook.core.lifecycle import (
     WAITING,
     IllegalTransition,
 )
+from webhook.executor.cgroup import RunGroup
 from webhook.executor.diagnostics import keep
 from webhook.executor.runner import INVENTORY, CannotRun, RunResult, run_playbook
 from webhook.ledger.leases import LostLease
@@ -91,8 +92,10 @@ class Dispatcher:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         artifacts: Path | None = None,
         backoff: float = 1.0,
+        group: RunGroup | None = None,
     ) -> None:
         self.backoff = backoff  # seconds before the first retry; doubling after
+        self.group = group  # the runs' cgroup (webhook/executor/cgroup.py); None: the loop's
         self.ledger, self.inventory, self.timeout = ledger, inventory, timeout
         self.artifacts = artifacts  # None: no diagnostics
         self.slurm_env = slurm_env or {}
@@ -295,7 +298,12 @@ class Dispatcher:
             if attempts and term is not None and not self.ledger.leases.is_current(term):
                 raise LostLease("no retry: this term has ended")
             r = run_playbook(
-                name, evars, check=check, inventory=self.inventory, timeout=self.timeout
+                name,
+                evars,
+                check=check,
+                inventory=self.inventory,
+                timeout=self.timeout,
+                group=self.group,
             )
             attempts.append(r.status if not transient(r) else "transient Slurm error")
             return r

@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from webhook import resources
 from webhook.core.patterns import DRAIN_REASON, INCIDENT, NODE_NAME
+from webhook.executor import cgroup
+from webhook.executor.cgroup import RunGroup
 
 PLAYBOOKS = resources.PLAYBOOKS
 INVENTORY = resources.INVENTORY
@@ -178,13 +180,21 @@ def run_playbook(
     inventory: Path = INVENTORY,
     timeout: int = 120,
     playbooks: Path | None = None,
+    group: RunGroup | None = None,
 ) -> RunResult:
-    """Validate `extravars` for playbook `name`, run it (in check mode if asked), report."""
+    """Validate `extravars` for playbook `name`, run it (in check mode if asked, in the runs'
+    cgroup if given one), report."""
     model = PLAYBOOK_VARS[name]
     evars = model.model_validate(extravars).model_dump()
     try:
         return _run(
-            name, evars, check=check, inventory=inventory, timeout=timeout, playbooks=playbooks
+            name,
+            evars,
+            check=check,
+            inventory=inventory,
+            timeout=timeout,
+            playbooks=playbooks,
+            group=group,
         )
     except OSError as e:
         raise CannotRun(f"{name}: {e.strerror or e} ({tempfile.gettempdir()})") from e
@@ -198,6 +208,7 @@ def _run(
     inventory: Path,
     timeout: int,
     playbooks: Path | None,
+    group: RunGroup | None,
 ) -> RunResult:
     workdir = Path(tempfile.mkdtemp(prefix="slurmedic-run-"))
     bin_dir = str(Path(sys.executable).parent)  # ansible-runner needs ansible-playbook on PATH
@@ -207,11 +218,20 @@ def _run(
         vars_file = workdir / "slurmedic-vars.yml"
         vars_file.write_text(yaml.dump(untrusted(evars), Dumper=_UnsafeDumper))
         vars_file.chmod(0o600)
+        playbook = str((playbooks or PLAYBOOKS) / f"{name}.yml")
+        args = [*(["--check"] if check else []), "--extra-vars", f"@{vars_file}"]
+        wrap: dict[str, str] = {}
+        if group is not None:
+            # ansible-runner runs `binary` as given, with the playbook left to the arguments.
+            wrap = {"binary": sys.executable}
+            args = [*cgroup.command(group)[1:], str(Path(bin_dir) / "ansible-playbook"), *args]
+            args.append(playbook)
         r = ansible_runner.run(
             private_data_dir=str(workdir),
-            playbook=str((playbooks or PLAYBOOKS) / f"{name}.yml"),
+            playbook=playbook,
             inventory=str(inventory),
-            cmdline=shlex.join([*(["--check"] if check else []), "--extra-vars", f"@{vars_file}"]),
+            cmdline=shlex.join(args),
+            **wrap,
             envvars={
                 "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
                 "ANSIBLE_NOCOLOR": "1",

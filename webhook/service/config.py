@@ -90,6 +90,11 @@ class Executor(_Strict):
     # and its output is kept here, one folder per incident and node.
     diagnostics: bool = True
     artifacts_dir: Path = Path("slurmedic-artifacts")
+    # The runs' CPU weight against the service's 100 (cgroup v2's scale): when the CPU is short,
+    # in a storm on a small controller, the webhook answers first and the runs wait their turn;
+    # when it is not, the runs take what they need. None: the runs compete as equals. Needs a
+    # cgroup slurmedic may write: root, or systemd's Delegate=cpu (webhook/executor/cgroup.py).
+    cpu_weight: int | None = Field(default=20, ge=1, le=10000)
 
 
 class Verification(_Strict):
