@@ -233,6 +233,7 @@ class Result:
     burst_p99_ms: float = 0.0
     burst_errors: int = 0
     burst_lost: int | None = None
+    cut_short: int = 0  # 1: its runs had not all ended when the round gave up waiting
     peak_rss_mb: float = 0.0
     peak_pss_mb: float = 0.0
     cpu_s: float = 0.0
@@ -420,6 +421,7 @@ def run_side(side: Side, stream: Stream, clients: int, work: Path) -> Result:
                 interval=0.2,
             )
         except TimeoutError:
+            res.cut_short = 1
             print(f"  {side.name}: {len(first_tasks(log))} of {want_all} runs, or some not done")
         res.runs = len(first_tasks(log))  # all of them: diagnostics runs too
     finally:
@@ -672,6 +674,7 @@ def table(results: list[Result]) -> None:
         ("errors (sustained)", "errors"),
         ("burst errors", "burst_errors"),
         ("alerts lost", "burst_lost"),
+        ("cut short (runs not all ended in 180 s)", "cut_short"),
     ):
         print(f"| {label}, all rounds | " + " | ".join(total(s, attr) for s in sides) + " |")
     eda = sides[0]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,18 @@ from webhook.ledger.schema import Base
 from webhook.ledger.store import Ledger
 
 PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+
+
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, script: str) -> Path:
+    """An executable `name` (a shell `script`) first on PATH, then this interpreter's bin (where
+    ansible-runner finds ansible-playbook, as the runner arranges)."""
+    fake = tmp_path / "bin" / name
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(script)
+    fake.chmod(0o755)
+    bin_dirs = (fake.parent, Path(sys.executable).parent, os.environ["PATH"])
+    monkeypatch.setenv("PATH", os.pathsep.join(map(str, bin_dirs)))
+    return fake
 
 
 def free_port() -> int:

@@ -5,15 +5,14 @@ node-name pattern (one file, playbooks/vars/slurmedic.yml), as a second line of 
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import ansible_runner
 import pytest
 import yaml
 
+from tests.service.conftest import stand_in
 from webhook.core.cluster import NODE_NAME
 from webhook.core.patterns import playbook_vars_file
 from webhook.executor.runner import PLAYBOOKS, RunResult, run_playbook
@@ -32,13 +31,7 @@ REQUEUE = {"slurmedic_job": 7, "slurmedic_attempt": 0, "slurmedic_exclude": ["gp
 @pytest.fixture
 def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     log = tmp_path / "calls.log"
-    fake = tmp_path / "bin" / "scontrol"
-    fake.parent.mkdir()
-    fake.write_text(SCONTROL.format(log=log))
-    fake.chmod(0o755)
-    # ansible-runner finds ansible-playbook on PATH: this interpreter's, as the runner arranges
-    bin_dirs = (fake.parent, Path(sys.executable).parent, os.environ["PATH"])
-    monkeypatch.setenv("PATH", os.pathsep.join(map(str, bin_dirs)))
+    stand_in(tmp_path, monkeypatch, "scontrol", SCONTROL.format(log=log))
     return log
 
 

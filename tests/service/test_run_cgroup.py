@@ -3,17 +3,21 @@
 three processes down) writes down the cgroup it finds itself in.
 
 This machine's kernel has the cpu controller on cgroup v1 (/sys/fs/cgroup/cpu) and a cgroup v2
-hierarchy without it (/sys/fs/cgroup/unified): v1 is tested running, v2 refusing."""
+hierarchy without it (/sys/fs/cgroup/unified), which keeps it even with v1's hierarchy
+unmounted: v1 is tested running, v2 refusing on the real hierarchy, and what slurmedic writes on
+v2 is tested on a stand-in tree of plain files (the kernel's part, moving a process when its pid
+is written, is not in it)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.service.conftest import stand_in
 from webhook.executor import cgroup
 from webhook.executor.runner import run_playbook
 
@@ -29,12 +33,7 @@ DRAIN = {"slurmedic_nodes": ["gpu01"], "slurmedic_reason": "slurmedic: 7.0 gpu_h
 @pytest.fixture
 def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     log = tmp_path / "cgroups.log"
-    fake = tmp_path / "bin" / "scontrol"
-    fake.parent.mkdir()
-    fake.write_text(SCONTROL.format(log=log))
-    fake.chmod(0o755)
-    bin_dirs = (fake.parent, Path(sys.executable).parent, os.environ["PATH"])
-    monkeypatch.setenv("PATH", os.pathsep.join(map(str, bin_dirs)))
+    stand_in(tmp_path, monkeypatch, "scontrol", SCONTROL.format(log=log))
     return log
 
 
@@ -57,25 +56,118 @@ def test_a_run_and_what_it_starts_are_in_the_runs_cgroup(scontrol: Path) -> None
     assert seen and not any(line.split(":", 2)[2] == where for line in seen), seen
 
 
-def test_the_weight_scales_to_v1_shares() -> None:
-    low = cgroup.prepare(1)
-    assert (low.procs.parent / "cpu.shares").read_text().strip() == "10"
-    even = cgroup.prepare(100)
-    assert (even.procs.parent / "cpu.shares").read_text().strip() == "1024"
-    cgroup.prepare(20)  # as the other tests and a running loop leave it
+@pytest.mark.parametrize(("weight", "shares"), [(1, "10"), (20, "204"), (100, "1024")])
+def test_the_weight_scales_to_v1_shares(weight: int, shares: str) -> None:
+    name = f"slurmedic-test-{os.getpid()}"  # not the group running loops share
+    group = cgroup.prepare(weight, v1_name=name)
+    try:
+        own = cgroup.own_cgroup(Path("/proc/self/cgroup").read_text(), "cpu")
+        assert own is not None
+        assert group.procs.parent == cgroup.CGROUP_ROOT / "cpu" / own.lstrip("/") / name
+        assert (group.procs.parent / "cpu.shares").read_text().strip() == shares
+    finally:
+        group.procs.parent.rmdir()
 
 
-def test_v2_without_the_cpu_controller_is_refused_by_name() -> None:
+def test_own_cgroup_reads_each_version_and_controller_by_name() -> None:
+    text = "12:cpuacct:/acct\n4:cpu,cpuset:/svc/a\n0::/system.slice/slurmedic.service\n"
+    assert cgroup.own_cgroup(text, "cpu") == "/svc/a"  # not cpuacct's, whose name holds "cpu"
+    assert cgroup.own_cgroup(text, None) == "/system.slice/slurmedic.service"
+    assert cgroup.own_cgroup("4:memory:/m\n", "cpu") is None
+
+
+def test_v2_refuses_the_hosts_root_and_a_cgroup_without_cpu_on_the_real_hierarchy() -> None:
     unified = Path("/sys/fs/cgroup/unified")
     assert "cpu" not in (unified / "cgroup.controllers").read_text().split()
-    with pytest.raises(cgroup.Unavailable, match=r"no cpu controller.*Delegate=cpu"):
-        cgroup.prepare(20, root=unified)
+    with pytest.raises(cgroup.Unavailable, match="the host's root cgroup"):
+        cgroup.prepare(20, root=unified)  # this process is in its root
+    child = unified / f"slurmedic-test-{os.getpid()}"  # a real cgroup: the kernel's files
+    child.mkdir()
+    try:
+        with pytest.raises(cgroup.Unavailable, match=r"no cpu controller.*Delegate=cpu"):
+            cgroup.prepare(20, root=unified, self_cgroup=f"0::/{child.name}\n")
+        assert not (child / "runs").exists() and not (child / "service").exists()
+    finally:
+        child.rmdir()
     assert not (unified / "runs").exists()
 
 
 def test_no_cgroup_to_write_is_refused_not_raised(tmp_path: Path) -> None:
     with pytest.raises(cgroup.Unavailable, match="no cpu controller"):
         cgroup.prepare(20, root=tmp_path)
+    (tmp_path / "cpu").write_text("")  # a file where the hierarchy should be: an OSError
+    with pytest.raises(cgroup.Unavailable):
+        cgroup.prepare(20, root=tmp_path, self_cgroup="1:cpu:/x\n")
+
+
+UNIT = "system.slice/slurmedic.service"
+
+
+def v2_tree(tmp_path: Path, *, procs: list[int], mark: bool = True) -> Path:
+    """A stand-in cgroup v2 tree: the host's root and a service's cgroup holding `procs`."""
+    root = tmp_path / "cgroup"
+    unit = root / UNIT
+    unit.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    for d in (root / "system.slice", unit):
+        (d / "cgroup.type").write_text("domain\n")
+        (d / "cgroup.controllers").write_text("cpu memory pids\n")
+        (d / "cgroup.subtree_control").write_text("")
+    (unit / "cgroup.procs").write_text("".join(f"{p}\n" for p in procs))
+    if mark:
+        os.setxattr(unit, "trusted.delegate", b"1")  # as systemd marks Delegate=
+    return root
+
+
+def test_v2_moves_serve_to_a_leaf_and_weights_the_runs(tmp_path: Path) -> None:
+    root = v2_tree(tmp_path, procs=[os.getpid()])
+    group = cgroup.prepare(20, root=root, self_cgroup=f"0::/{UNIT}\n")
+    unit = root / UNIT
+    assert group == cgroup.RunGroup(unit / "runs" / "cgroup.procs", 20)
+    assert (unit / "service" / "cgroup.procs").read_text() == str(os.getpid())
+    assert (unit / "cgroup.subtree_control").read_text() == "+cpu"
+    assert (unit / "runs" / "cpu.weight").read_text() == "20"
+
+
+def test_v2_started_again_in_its_leaf_does_not_nest(tmp_path: Path) -> None:
+    root = v2_tree(tmp_path, procs=[])
+    unit = root / UNIT
+    (unit / "runs").mkdir()
+    (unit / "service").mkdir()
+    (unit / "service" / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    (unit / "cgroup.subtree_control").write_text("cpu\n")
+    group = cgroup.prepare(20, root=root, self_cgroup=f"0::/{UNIT}/service\n")
+    assert group.procs == unit / "runs" / "cgroup.procs"
+    assert not (unit / "service" / "service").exists()
+    assert (unit / "cgroup.subtree_control").read_text() == "cpu\n"  # on already: not written
+
+
+@pytest.mark.parametrize(
+    ("procs", "mark", "cgroup_line", "refusal"),
+    [
+        ([os.getpid(), 1], True, f"0::/{UNIT}", "holds other processes \\(1\\)"),
+        ([os.getpid()], False, f"0::/{UNIT}", "not delegated to slurmedic"),
+        ([os.getpid()], True, "0::/", "the host's root cgroup"),
+    ],
+)
+def test_v2_refuses_what_is_not_its_own(
+    tmp_path: Path, procs: list[int], mark: bool, cgroup_line: str, refusal: str
+) -> None:
+    root = v2_tree(tmp_path, procs=procs, mark=mark)
+    with pytest.raises(cgroup.Unavailable, match=refusal):
+        cgroup.prepare(20, root=root, self_cgroup=cgroup_line + "\n")
+    assert not (root / UNIT / "service").exists()
+    assert not (root / "runs").exists() and not (root / UNIT / "runs").exists()
+    assert (root / UNIT / "cgroup.subtree_control").read_text() == ""
+
+
+def test_a_cgroup_owned_by_the_services_user_is_delegated(tmp_path: Path) -> None:
+    owned = tmp_path / "unit"
+    owned.mkdir()
+    os.chown(owned, 1000, 1000)
+    assert cgroup.delegated(owned, 1000)
+    assert not cgroup.delegated(owned, 1001)
+    assert not cgroup.delegated(tmp_path, 0)  # root's own: only systemd's mark says so
 
 
 def test_a_run_whose_cgroup_is_gone_still_runs_unweighted(tmp_path: Path) -> None:
@@ -88,6 +180,15 @@ def test_a_run_whose_cgroup_is_gone_still_runs_unweighted(tmp_path: Path) -> Non
     )
     assert out.stdout == "ran\n"
     assert "running unweighted" in out.stderr
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")  # ENOTDIR, as any other error joining: still runs
+    out = subprocess.run(
+        [*cgroup.command(cgroup.RunGroup(not_a_dir / "cgroup.procs", 20)), "/bin/echo", "ran"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == "ran\n"
 
 
 def test_without_a_group_nothing_is_put_before_the_command() -> None:
@@ -107,14 +208,30 @@ def test_the_dispatcher_runs_its_playbooks_in_its_group(scontrol: Path, tmp_path
 
 
 @pytest.mark.parametrize("weight", [20, None])
-def test_serve_says_where_its_runs_go(tmp_path: Path, weight: int | None) -> None:
-    from tests.local_server import start_server, stop_server
+def test_serve_prepares_its_runs_group_once(tmp_path: Path, weight: int | None) -> None:
+    """serve prepares the group before it starts anything; its loop, started again after a
+    `kill -9`, is handed the same group and prepares none of its own."""
+    from lab.processes import is_alive
+    from tests.lab.conftest import eventually
+    from tests.local_server import serve_children, start_server, stop_server
 
     server = start_server(tmp_path, executor={"cpu_weight": weight})
     try:
+        (loop,) = serve_children(server.proc.pid, loop=True)
+        env = Path(f"/proc/{loop}/environ").read_bytes().split(b"\0")
+        os.kill(loop, signal.SIGKILL)
+        eventually(lambda: not is_alive(loop), timeout=60, what="the loop to die")
+        eventually(
+            lambda: [p for p in serve_children(server.proc.pid, loop=True) if p != loop],
+            timeout=60,
+            what="a new loop",
+        )
         log = (tmp_path / "serve.out").read_text()
     finally:
         stop_server(server.proc)
-    said = f"playbook runs: CPU weight 20, in {cgroup.CGROUP_ROOT / 'cpu' / cgroup.V1_NAME}"
-    assert (said in log) == (weight is not None), log
+    group = cgroup.CGROUP_ROOT / "cpu" / cgroup.V1_NAME
+    said = f"playbook runs: CPU weight 20, in {group}"
+    assert log.count(said) == (1 if weight is not None else 0), log
     assert "not weighted" not in log, log
+    handed = f"{cgroup.RUN_CGROUP_ENV}=" + (f"20 {group}/cgroup.procs" if weight else "")
+    assert handed.encode() in env

@@ -22,6 +22,7 @@ from gunicorn.app.base import BaseApplication
 
 from webhook.cli.common import config_of, config_option, policy_of, policy_option
 from webhook.core.policy import Policy
+from webhook.executor.cgroup import RUN_CGROUP_ENV, RunGroup
 from webhook.service.config import REPLICA_ENV, ConfigError, ServiceConfig
 
 if TYPE_CHECKING:
@@ -86,9 +87,11 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
 
 
 PARENT_ENV = "SLURMEDIC_SERVE_PID"  # set for the loop `serve` starts: whose loop it is
-# The pipe a loop `serve` started writes to when it stops as it was told (its fd number).
-STOPPED_FD_ENV = "SLURMEDIC_LOOP_STOPPED_FD"
-STOPPED = b"stopped"
+# The pipe a loop `serve` started says on how it ends, before its exit (its fd number): the
+# exit code alone may be gunicorn's to read (LoopSupervisor).
+WORD_FD_ENV = "SLURMEDIC_LOOP_WORD_FD"
+STOPPED = b"stopped"  # told to stop, and stopped cleanly
+REFUSED_WORD = b"refused"
 REFUSED = 3  # the loop's exit code when it may not run (a second loop on a SQLite file)
 # How a loop that was told to stop ends: its own clean exit, or the signal itself.
 TOLD_TO_STOP = frozenset({0, -signal.SIGTERM, -signal.SIGINT})
@@ -99,12 +102,12 @@ class LoopSupervisor:
     starts again after 1 s, then 2, 4, ... up to a minute while it keeps failing within a
     minute of its start. /readyz says not-ready meanwhile (the loop's beat stops). A loop that
     was told to stop (it says so on a pipe before its exit 0, or it was ended by SIGTERM or
-    SIGINT) is not started again, nor one refused its ledger (REFUSED): serve stops, saying
-    why.
+    SIGINT) is not started again, nor one refused its ledger (it says so, and exits REFUSED):
+    serve stops, saying why.
 
-    The exit code alone does not tell a stop: gunicorn's master, this process, reaps every
-    child that ends (`waitpid(-1)`), and when it takes the loop's status first, Popen reads 0.
-    A 0 without the loop's word is a loop that ended some other way."""
+    The exit code alone does not tell how it ended: gunicorn's master, this process, reaps
+    every child that ends (`waitpid(-1)`), and when it takes the loop's status first, Popen
+    reads 0. A 0 without the loop's word is a loop that ended some other way."""
 
     def __init__(self, argv: list[str], env: dict[str, str], *, grace: float = 10.0) -> None:
         # How long a stopped loop may take to finish the playbooks it runs before it is killed.
@@ -124,19 +127,19 @@ class LoopSupervisor:
             said, write = os.pipe()
             try:
                 self.proc = subprocess.Popen(
-                    self.argv, env={**self.env, STOPPED_FD_ENV: str(write)}, pass_fds=(write,)
+                    self.argv, env={**self.env, WORD_FD_ENV: str(write)}, pass_fds=(write,)
                 )
             finally:
                 os.close(write)
             code = self.proc.wait()
-            told = _read_all(said) == STOPPED
+            word = _read_all(said)
             if self.stopping.is_set():
                 return
-            if code == REFUSED:
+            if word == REFUSED_WORD or code == REFUSED:
                 log.error("the loop was refused its ledger: serve stops")
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
-            if code in TOLD_TO_STOP and (code != 0 or told):
+            if word == STOPPED or (code in TOLD_TO_STOP and code != 0):
                 # Told to stop (SIGTERM, SIGINT: often the one its whole process group got,
                 # serve's own stop on its way, while gunicorn still stops its workers): not
                 # started again. A signal that came before the loop's handler was in place,
@@ -178,11 +181,20 @@ def _read_all(fd: int) -> bytes:
     return out
 
 
-def _say_stopped(fd: int | None) -> None:
-    """The loop's word to its serve that it stopped as it was told (serve may be gone)."""
+def _word_to_serve() -> int | None:
+    """The pipe to the serve that started this loop (None: run alone), kept from the runs."""
+    fd = os.environ.pop(WORD_FD_ENV, "")
+    if not fd.isdigit():
+        return None
+    os.set_inheritable(int(fd), False)
+    return int(fd)
+
+
+def _say(fd: int | None, word: bytes) -> None:
+    """The loop's word to its serve on how it ends (serve may be gone)."""
     if fd is not None:
         with contextlib.suppress(OSError):
-            os.write(fd, STOPPED)
+            os.write(fd, word)
             os.close(fd)
 
 
@@ -197,29 +209,22 @@ def _stop_when_orphaned(parent: int, halt: Callable[[], None]) -> None:
             return
 
 
-def run_loop(config: ServiceConfig, policy: Policy) -> None:
+def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) -> None:
     from webhook.adapters.slurm import SlurmCluster
     from webhook.ledger.store import Ledger
     from webhook.service.leadership import Replica
     from webhook.service.loop import LiveLoop, monitor_forced
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    log = logging.getLogger("slurmedic.loop")
-    stopped_fd = int(fd) if (fd := os.environ.pop(STOPPED_FD_ENV, "")).isdigit() else None
-    if stopped_fd is not None:
-        os.set_inheritable(stopped_fd, False)  # the playbook runs must not hold it open
     ledger = Ledger(config.database_url)
     ledger.lock_for_loop()  # SQLite: one loop a file (LoopRefused otherwise)
     cluster = SlurmCluster(env=config.cluster.slurm_env())
-    group = None
-    if config.executor.enabled and config.executor.cpu_weight is not None:
-        from webhook.executor import cgroup
-
-        try:
-            group = cgroup.prepare(config.executor.cpu_weight)
-            log.info("playbook runs: CPU weight %d, in %s", group.weight, group.procs.parent)
-        except cgroup.Unavailable as e:
-            log.warning("playbook runs not weighted (executor.cpu_weight): %s", e)
+    # serve's group (prepared before it started anything), or, run alone, its own
+    group = (
+        _run_group(config)
+        if (given := os.environ.pop(RUN_CGROUP_ENV, None)) is None
+        else (RunGroup.from_env(given))
+    )
 
     def make_loop(ledger: Ledger) -> LiveLoop:
         """A new term's loop, built from the ledger as a restart builds one; `ledger` is
@@ -289,7 +294,22 @@ def run_loop(config: ServiceConfig, policy: Policy) -> None:
             target=_stop_when_orphaned, args=(int(parent), replica.halt), daemon=True
         ).start()
     replica.run(config.tick_seconds)
-    _say_stopped(stopped_fd)
+    _say(word_fd, STOPPED)
+
+
+def _run_group(config: ServiceConfig) -> RunGroup | None:
+    """The playbook runs' cgroup (executor.cpu_weight), or None, said once either way."""
+    if not config.executor.enabled or config.executor.cpu_weight is None:
+        return None
+    from webhook.executor import cgroup
+
+    try:
+        group = cgroup.prepare(config.executor.cpu_weight)
+    except cgroup.Unavailable as e:
+        click.echo(f"playbook runs not weighted (executor.cpu_weight): {e}", err=True)
+        return None
+    click.echo(f"playbook runs: CPU weight {group.weight}, in {group.procs.parent}", err=True)
+    return group
 
 
 @click.command()
@@ -315,6 +335,9 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
         raise click.ClickException(str(e)) from e
     # The replica's name, for its loop and its web workers alike.
     os.environ[REPLICA_ENV] = config.replica_name()
+    # Before anything is started: on cgroup v2, serve moves itself to a leaf, alone.
+    group = _run_group(config)
+    os.environ[RUN_CGROUP_ENV] = group.env() if group is not None else ""
     # The loop is its own process (not a fork of this one: gunicorn forks its workers from
     # here, and they must not inherit it).
     argv = [sys.executable, "-m", "webhook.cli", "loop"]
@@ -348,10 +371,12 @@ def loop_cmd(config_path: Path | None, policy_path: Path | None) -> None:
     from webhook.ledger.settings import CorruptSetting
     from webhook.ledger.store import LoopRefused
 
+    word_fd = _word_to_serve()
     try:
-        run_loop(config, policy_of(policy_path or config.policy_file))
+        run_loop(config, policy_of(policy_path or config.policy_file), word_fd)
     except CorruptSetting as e:  # the breaker, read at start: mend it, then start again
         raise click.ClickException(str(e)) from e
     except LoopRefused as e:
         click.echo(f"Error: {e}", err=True)
+        _say(word_fd, REFUSED_WORD)
         sys.exit(REFUSED)

@@ -3,18 +3,24 @@
 A storm brings alerts and playbook runs at once. On a small controller the runs (each an
 `ansible-playbook` and its modules' Python processes, 1.5-2.5 CPU seconds) take the CPU from the
 webhook while Alertmanager waits for its answers, and a late answer is a re-delivery. In a
-cgroup with a lower CPU weight, the runs give way to the webhook when the CPU is short, and take
-all of it when it is not: a weight is a share under contention, not a limit.
+cgroup with a lower CPU weight, the runs give way when the CPU is short, and take all of it when
+it is not: a weight is a share under contention, not a limit.
 
 A nice value does not do this: ansible-runner starts each run in a session of its own, and
 Ansible each task's worker (setsid). Where the kernel groups CPU time by session (autogroups,
 in force for processes outside a CPU cgroup) a nice value counts only within its session.
 
-- cgroup v2 (systemd's hosts): the service's cgroup needs the cpu controller, which systemd
-  gives with `Delegate=cpu` (or `Delegate=yes`). v2 lets processes live only in leaves: the
-  service's processes move to a leaf `service`, the runs go to a leaf `runs`.
+`serve` prepares the cgroup once, before it starts anything, and its loop (started again or not)
+inherits it through the environment (RUN_CGROUP_ENV).
+
+- cgroup v2 (systemd's hosts): only in a cgroup delegated to slurmedic (systemd's
+  `Delegate=cpu` marks it, or owns it to the service's user) where `serve` is alone. v2 lets
+  processes live only in leaves: `serve` moves itself to a leaf `service`, the runs go to a
+  leaf `runs`. Never in the host's root cgroup: enabling a controller there is the host's call.
 - cgroup v1: a child `slurmedic-runs` of the service's cpu cgroup, `cpu.shares` in proportion.
-- Neither (not root, no delegation): the runs are not weighted, and the loop says so once.
+  Processes left in that parent compete one by one against the runs' group; where the parent
+  is the root (no CPU accounting), the runs give way to the whole host.
+- Neither: the runs are not weighted, and `serve` says why once.
 
 A run joins its cgroup itself, before it becomes `ansible-playbook` (`python -m
 webhook.executor.cgroup PROCS COMMAND...`), so that every process it starts is in it.
@@ -22,16 +28,17 @@ webhook.executor.cgroup PROCS COMMAND...`), so that every process it starts is i
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+RUN_CGROUP_ENV = "SLURMEDIC_RUN_CGROUP"  # serve's prepared group for its loop: "WEIGHT PROCS"
 V1_SHARES = 1024  # v1's default cpu.shares, v2's default cpu.weight is 100
 V1_NAME = "slurmedic-runs"
+LEAF = "service"  # v2: where serve and what it starts live
+RUNS = "runs"
 
 
 class Unavailable(Exception):
@@ -42,6 +49,14 @@ class Unavailable(Exception):
 class RunGroup:
     procs: Path  # the cgroup.procs a run writes its pid into
     weight: int  # in cgroup v2's terms (default 100)
+
+    def env(self) -> str:
+        return f"{self.weight} {self.procs}"
+
+    @classmethod
+    def from_env(cls, value: str) -> RunGroup | None:
+        weight, _, procs = value.partition(" ")
+        return cls(Path(procs), int(weight)) if weight.isdigit() and procs else None
 
 
 def own_cgroup(text: str, controller: str | None) -> str | None:
@@ -56,22 +71,40 @@ def own_cgroup(text: str, controller: str | None) -> str | None:
     return None
 
 
-def prepare(weight: int, *, root: Path = CGROUP_ROOT, self_cgroup: str | None = None) -> RunGroup:
+def delegated(path: Path, euid: int) -> bool:
+    """Whether `path` was handed to this service to manage: systemd's mark on a delegated
+    cgroup (the `trusted.delegate` attribute), or, for a service run as its own user, the
+    cgroup owned by that user."""
+    try:
+        if os.getxattr(path, "trusted.delegate") == b"1":
+            return True
+    except OSError:
+        pass
+    return euid != 0 and path.stat().st_uid == euid
+
+
+def prepare(
+    weight: int,
+    *,
+    root: Path = CGROUP_ROOT,
+    self_cgroup: str | None = None,
+    v1_name: str = V1_NAME,
+) -> RunGroup:
     """Make the runs' cgroup with `weight` (v2's scale: 1-10000, the service's 100)."""
     try:
         text = self_cgroup if self_cgroup is not None else Path("/proc/self/cgroup").read_text()
         if (root / "cgroup.controllers").is_file():
             return _v2(weight, root, own_cgroup(text, None))
-        return _v1(weight, root, own_cgroup(text, "cpu"))
+        return _v1(weight, root, own_cgroup(text, "cpu"), v1_name)
     except OSError as e:
         raise Unavailable(f"{e.filename or root}: {e.strerror or e}") from e
 
 
-def _v1(weight: int, root: Path, own: str | None) -> RunGroup:
+def _v1(weight: int, root: Path, own: str | None, name: str) -> RunGroup:
     mount = root / "cpu"
     if own is None or not (mount / "cpu.shares").is_file():
         raise Unavailable(f"no cpu controller under {root}")
-    group = mount / own.lstrip("/") / V1_NAME
+    group = mount / own.lstrip("/") / name
     group.mkdir(exist_ok=True)
     (group / "cpu.shares").write_text(str(max(2, weight * V1_SHARES // 100)))
     return RunGroup(group / "cgroup.procs", weight)
@@ -81,28 +114,28 @@ def _v2(weight: int, root: Path, own: str | None) -> RunGroup:
     if own is None:
         raise Unavailable("no cgroup v2 line in /proc/self/cgroup")
     here = root / own.lstrip("/")
-    if "cpu" not in (here / "cgroup.controllers").read_text().split():
-        raise Unavailable(f"{here} has no cpu controller (systemd: Delegate=cpu)")
-    runs = here / "runs"
-    runs.mkdir(exist_ok=True)
-    if here != root:  # the root may hold processes; any other cgroup with controllers may not
-        leaf = here / "service"
-        leaf.mkdir(exist_ok=True)
-        # A process forked while this moves the others lands beside them: move again.
-        for _ in range(10):
-            pids = (here / "cgroup.procs").read_text().split()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):  # gone meanwhile
-                    (leaf / "cgroup.procs").write_text(pid)
-        else:
-            raise Unavailable(f"{here}: its processes would not move to {leaf}")
-    enabled = (here / "cgroup.subtree_control").read_text().split()
-    if "cpu" not in enabled:
-        (here / "cgroup.subtree_control").write_text("+cpu")
-    (runs / "cpu.weight").write_text(str(weight))
-    return RunGroup(runs / "cgroup.procs", weight)
+    moved = here.name == LEAF and (here.parent / RUNS).is_dir()
+    base = here.parent if moved else here  # already in place: a serve started in its leaf
+    if not (base / "cgroup.type").exists():  # only the root has none (a namespace's too)
+        raise Unavailable(f"{base} is the host's root cgroup: give slurmedic one of its own")
+    if "cpu" not in (base / "cgroup.controllers").read_text().split():
+        raise Unavailable(f"{base} has no cpu controller (systemd: Delegate=cpu)")
+    if not delegated(base, os.geteuid()):
+        raise Unavailable(f"{base} is not delegated to slurmedic (systemd: Delegate=cpu)")
+    if not moved:
+        others = set((here / "cgroup.procs").read_text().split()) - {str(os.getpid())}
+        if others:
+            raise Unavailable(
+                f"{here} holds other processes ({', '.join(sorted(others)[:5])}): "
+                "slurmedic moves only itself"
+            )
+        (here / LEAF).mkdir(exist_ok=True)
+        (here / LEAF / "cgroup.procs").write_text(str(os.getpid()))
+    (base / RUNS).mkdir(exist_ok=True)
+    if "cpu" not in (base / "cgroup.subtree_control").read_text().split():
+        (base / "cgroup.subtree_control").write_text("+cpu")
+    (base / RUNS / "cpu.weight").write_text(str(weight))
+    return RunGroup(base / RUNS / "cgroup.procs", weight)
 
 
 def command(group: RunGroup | None) -> list[str]:
@@ -114,15 +147,12 @@ def command(group: RunGroup | None) -> list[str]:
 
 def join_and_exec(argv: list[str]) -> None:
     """`python -m webhook.executor.cgroup PROCS COMMAND...`: join, then become COMMAND. A
-    cgroup that went away (its directory removed by hand) leaves the run unweighted, not
-    failed."""
+    cgroup that cannot be joined (removed by hand, say) leaves the run unweighted, not failed."""
     procs, cmd = argv[0], argv[1:]
     try:
         Path(procs).write_text(str(os.getpid()))
     except OSError as e:
-        if e.errno not in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EINVAL):
-            raise
-        print(f"slurmedic: {procs}: {e.strerror}; running unweighted", file=sys.stderr)
+        print(f"slurmedic: {procs}: {e.strerror or e}; running unweighted", file=sys.stderr)
     os.execvp(cmd[0], cmd)  # noqa: S606 - argv as given, no shell: ansible-playbook's own
 
 
