@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.conftest import eventually
-from webhook.cli.serve import REFUSED_WORD, STOPPED, WORD_FD_ENV, LoopSupervisor
+from webhook.cli.serve import REFUSED, REFUSED_WORD, STOPPED, WORD_FD_ENV, LoopSupervisor
 
 
 def supervised(tmp_path: Path, body: str) -> tuple[LoopSupervisor, Path]:
@@ -83,11 +83,18 @@ def test_a_loop_that_says_it_was_told_to_stop_is_not_started_again(
     assert "the loop stopped as it was told: not started again" in caplog.text
 
 
-def test_a_loop_refused_its_ledger_stops_serve_whatever_its_exit_code_reads(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    "body",
+    [
+        # The word and an exit 0: gunicorn's master took the REFUSED exit status.
+        f"import os\nos.write(int(os.environ[{WORD_FD_ENV!r}]), {REFUSED_WORD!r})",
+        # No word, the exit code (a loop of a release before the word).
+        f"import sys\nsys.exit({REFUSED})",
+    ],
+)
+def test_a_loop_refused_its_ledger_stops_serve(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, body: str
 ) -> None:
-    # The word and an exit 0: gunicorn's master took the REFUSED exit status.
-    body = f"import os\nos.write(int(os.environ[{WORD_FD_ENV!r}]), {REFUSED_WORD!r})"
     sup, starts = supervised(tmp_path, body)
     stopped = threading.Event()
     before = signal.signal(signal.SIGTERM, lambda *_: stopped.set())  # serve's own stop

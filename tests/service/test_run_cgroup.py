@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.service.conftest import stand_in
 from webhook.executor import cgroup
@@ -79,7 +80,7 @@ def test_own_cgroup_reads_each_version_and_controller_by_name() -> None:
 def test_v2_refuses_the_hosts_root_and_a_cgroup_without_cpu_on_the_real_hierarchy() -> None:
     unified = Path("/sys/fs/cgroup/unified")
     assert "cpu" not in (unified / "cgroup.controllers").read_text().split()
-    with pytest.raises(cgroup.Unavailable, match="the host's root cgroup"):
+    with pytest.raises(cgroup.Unavailable, match="is a root cgroup"):
         cgroup.prepare(20, root=unified)  # this process is in its root
     child = unified / f"slurmedic-test-{os.getpid()}"  # a real cgroup: the kernel's files
     child.mkdir()
@@ -146,8 +147,8 @@ def test_v2_started_again_in_its_leaf_does_not_nest(tmp_path: Path) -> None:
     ("procs", "mark", "cgroup_line", "refusal"),
     [
         ([os.getpid(), 1], True, f"0::/{UNIT}", "holds other processes \\(1\\)"),
-        ([os.getpid()], False, f"0::/{UNIT}", "not delegated to slurmedic"),
-        ([os.getpid()], True, "0::/", "the host's root cgroup"),
+        ([os.getpid()], False, f"0::/{UNIT}", "not marked delegated"),
+        ([os.getpid()], True, "0::/", "is a root cgroup"),  # the host's: no cgroup.type
     ],
 )
 def test_v2_refuses_what_is_not_its_own(
@@ -161,13 +162,31 @@ def test_v2_refuses_what_is_not_its_own(
     assert (root / UNIT / "cgroup.subtree_control").read_text() == ""
 
 
-def test_a_cgroup_owned_by_the_services_user_is_delegated(tmp_path: Path) -> None:
-    owned = tmp_path / "unit"
-    owned.mkdir()
-    os.chown(owned, 1000, 1000)
-    assert cgroup.delegated(owned, 1000)
-    assert not cgroup.delegated(owned, 1001)
-    assert not cgroup.delegated(tmp_path, 0)  # root's own: only systemd's mark says so
+def test_a_containers_namespace_root_is_not_divided(tmp_path: Path) -> None:
+    # Inside a cgroup namespace the container's cgroup reads as "/" and has a cgroup.type.
+    root = v2_tree(tmp_path, procs=[os.getpid()])
+    (root / "cgroup.type").write_text("domain\n")
+    (root / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    os.setxattr(root, "trusted.delegate", b"1")
+    with pytest.raises(cgroup.Unavailable, match="is a root cgroup"):
+        cgroup.prepare(20, root=root, self_cgroup="0::/\n")
+    assert not (root / "service").exists() and not (root / "runs").exists()
+
+
+@pytest.mark.parametrize("mark", [*cgroup.DELEGATE_MARKS, None])
+def test_only_systemds_mark_says_delegated(tmp_path: Path, mark: str | None) -> None:
+    unit = tmp_path / "unit"
+    unit.mkdir()
+    os.chown(unit, 1000, 1000)  # owned by a service's user: under a user's systemd, every one is
+    if mark is not None:
+        os.setxattr(unit, mark, b"1")
+    assert cgroup.delegated(unit) == (mark is not None)
+
+
+def test_the_group_handed_to_the_loop_reads_back() -> None:
+    group = cgroup.RunGroup(Path("/sys/fs/cgroup/cpu/slurmedic-runs/cgroup.procs"), 20)
+    assert cgroup.RunGroup.from_env(group.env()) == group
+    assert cgroup.RunGroup.from_env("") is None  # serve's "none": the loop makes none either
 
 
 def test_a_run_whose_cgroup_is_gone_still_runs_unweighted(tmp_path: Path) -> None:
@@ -225,6 +244,12 @@ def test_serve_prepares_its_runs_group_once(tmp_path: Path, weight: int | None) 
             lambda: [p for p in serve_children(server.proc.pid, loop=True) if p != loop],
             timeout=60,
             what="a new loop",
+        )
+        # Ready again: the new loop has started and beaten (anything it made, it made before).
+        eventually(
+            lambda: requests.get(f"{server.url}/readyz", timeout=5).status_code == 200,
+            timeout=60,
+            what="/readyz 200 again",
         )
         log = (tmp_path / "serve.out").read_text()
     finally:

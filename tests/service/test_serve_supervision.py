@@ -15,6 +15,7 @@ import requests
 from lab.processes import is_alive as alive
 from tests.lab.conftest import eventually
 from tests.local_server import serve_children, start_server, stop_server
+from webhook.cli.serve import REFUSED, REFUSED_WORD, WORD_FD_ENV
 
 
 def test_a_killed_loop_is_started_again_and_readyz_says_so_meanwhile(tmp_path: Path) -> None:
@@ -115,4 +116,25 @@ def test_a_loop_told_to_stop_by_itself_is_not_started_again(tmp_path: Path) -> N
         assert serve_children(server.proc.pid, loop=True) == []
         assert "starting it again" not in out.read_text()
     finally:
+        stop_server(server.proc)
+
+
+def test_a_loop_refused_its_ledger_says_so_to_its_serve(tmp_path: Path) -> None:
+    # serve reads the word before the exit code, which gunicorn's master may have taken.
+    server = start_server(tmp_path)  # its loop holds the SQLite ledger
+    said, write = os.pipe()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "webhook.cli", "loop", f"--config={tmp_path / 'config.yml'}"],
+            env={**os.environ, WORD_FD_ENV: str(write)},
+            pass_fds=(write,),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        os.close(write)
+        assert out.returncode == REFUSED, out.stderr
+        assert os.read(said, 64) == REFUSED_WORD
+    finally:
+        os.close(said)
         stop_server(server.proc)

@@ -13,10 +13,10 @@ in force for processes outside a CPU cgroup) a nice value counts only within its
 `serve` prepares the cgroup once, before it starts anything, and its loop (started again or not)
 inherits it through the environment (RUN_CGROUP_ENV).
 
-- cgroup v2 (systemd's hosts): only in a cgroup delegated to slurmedic (systemd's
-  `Delegate=cpu` marks it, or owns it to the service's user) where `serve` is alone. v2 lets
-  processes live only in leaves: `serve` moves itself to a leaf `service`, the runs go to a
-  leaf `runs`. Never in the host's root cgroup: enabling a controller there is the host's call.
+- cgroup v2 (systemd's hosts): only in a cgroup systemd marks delegated (`Delegate=cpu`,
+  systemd 251 and later) where `serve` is alone. v2 lets processes live only in leaves: `serve`
+  moves itself to a leaf `service`, the runs go to a leaf `runs`. Never in a root cgroup (the
+  host's, or a container's namespace root): dividing it is not slurmedic's call.
 - cgroup v1: a child `slurmedic-runs` of the service's cpu cgroup, `cpu.shares` in proportion.
   Processes left in that parent compete one by one against the runs' group; where the parent
   is the root (no CPU accounting), the runs give way to the whole host.
@@ -71,16 +71,20 @@ def own_cgroup(text: str, controller: str | None) -> str | None:
     return None
 
 
-def delegated(path: Path, euid: int) -> bool:
-    """Whether `path` was handed to this service to manage: systemd's mark on a delegated
-    cgroup (the `trusted.delegate` attribute), or, for a service run as its own user, the
-    cgroup owned by that user."""
-    try:
-        if os.getxattr(path, "trusted.delegate") == b"1":
-            return True
-    except OSError:
-        pass
-    return euid != 0 and path.stat().st_uid == euid
+DELEGATE_MARKS = ("trusted.delegate", "user.delegate")  # systemd's, on a delegated cgroup
+
+
+def delegated(path: Path) -> bool:
+    """Whether `path` was handed to this service to manage: systemd marks a cgroup it delegates
+    (`Delegate=`, systemd 251 and later) with these attributes. Ownership is no sign: under a
+    user's systemd every cgroup is the user's, delegated or not."""
+    for mark in DELEGATE_MARKS:
+        try:
+            if os.getxattr(path, mark) == b"1":
+                return True
+        except OSError:
+            continue  # unset, or not readable (trusted.* needs root)
+    return False
 
 
 def prepare(
@@ -116,12 +120,17 @@ def _v2(weight: int, root: Path, own: str | None) -> RunGroup:
     here = root / own.lstrip("/")
     moved = here.name == LEAF and (here.parent / RUNS).is_dir()
     base = here.parent if moved else here  # already in place: a serve started in its leaf
-    if not (base / "cgroup.type").exists():  # only the root has none (a namespace's too)
-        raise Unavailable(f"{base} is the host's root cgroup: give slurmedic one of its own")
+    # The host's root has no cgroup.type; a cgroup namespace's root (a container's) shows as
+    # "/" and has one: neither is slurmedic's to divide.
+    if own == "/" or not (base / "cgroup.type").exists():
+        raise Unavailable(f"{base} is a root cgroup: give slurmedic one of its own")
     if "cpu" not in (base / "cgroup.controllers").read_text().split():
         raise Unavailable(f"{base} has no cpu controller (systemd: Delegate=cpu)")
-    if not delegated(base, os.geteuid()):
-        raise Unavailable(f"{base} is not delegated to slurmedic (systemd: Delegate=cpu)")
+    if not delegated(base):
+        raise Unavailable(
+            f"{base} is not marked delegated ({' or '.join(DELEGATE_MARKS)}: systemd 251 and "
+            "later set it for Delegate=cpu)"
+        )
     if not moved:
         others = set((here / "cgroup.procs").read_text().split()) - {str(os.getpid())}
         if others:
@@ -129,6 +138,8 @@ def _v2(weight: int, root: Path, own: str | None) -> RunGroup:
                 f"{here} holds other processes ({', '.join(sorted(others)[:5])}): "
                 "slurmedic moves only itself"
             )
+        # Moved out before +cpu: a cgroup with processes in it cannot enable a controller for
+        # its children (the kernel says EBUSY).
         (here / LEAF).mkdir(exist_ok=True)
         (here / LEAF / "cgroup.procs").write_text(str(os.getpid()))
     (base / RUNS).mkdir(exist_ok=True)
