@@ -22,6 +22,7 @@ from gunicorn.app.base import BaseApplication
 
 from webhook.cli.common import config_of, config_option, policy_of, policy_option
 from webhook.core.policy import Policy
+from webhook.executor import cgroup
 from webhook.executor.cgroup import RUN_CGROUP_ENV, RunGroup
 from webhook.service.config import REPLICA_ENV, ConfigError, ServiceConfig
 
@@ -93,8 +94,8 @@ WORD_FD_ENV = "SLURMEDIC_LOOP_WORD_FD"
 STOPPED = b"stopped"  # told to stop, and stopped cleanly
 REFUSED_WORD = b"refused"
 REFUSED = 3  # the loop's exit code when it may not run (a second loop on a SQLite file)
-# How a loop that was told to stop ends: its own clean exit, or the signal itself.
-TOLD_TO_STOP = frozenset({0, -signal.SIGTERM, -signal.SIGINT})
+# How a loop that was told to stop ends when its word could not be said: by the signal itself.
+STOP_SIGNALS = frozenset({-signal.SIGTERM, -signal.SIGINT})
 
 
 class LoopSupervisor:
@@ -139,7 +140,7 @@ class LoopSupervisor:
                 log.error("the loop was refused its ledger: serve stops")
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
-            if word == STOPPED or (code in TOLD_TO_STOP and code != 0):
+            if word == STOPPED or code in STOP_SIGNALS:
                 # Told to stop (SIGTERM, SIGINT: often the one its whole process group got,
                 # serve's own stop on its way, while gunicorn still stops its workers): not
                 # started again. A signal that came before the loop's handler was in place,
@@ -301,8 +302,6 @@ def _run_group(config: ServiceConfig) -> RunGroup | None:
     """The playbook runs' cgroup (executor.cpu_weight), or None, said once either way."""
     if not config.executor.enabled or config.executor.cpu_weight is None:
         return None
-    from webhook.executor import cgroup
-
     try:
         group = cgroup.prepare(config.executor.cpu_weight)
     except cgroup.Unavailable as e:
