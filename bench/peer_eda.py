@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import shutil
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 import yaml
@@ -52,6 +54,7 @@ import yaml
 from bench.lablib import running_nodes, wait
 from lab import manage, processes
 from lab.config import LabConfig
+from webhook.core.alerts import fingerprint
 from webhook.ledger.store import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,7 +137,7 @@ def alert(labels: dict[str, str], summary: str) -> dict[str, Any]:
         "startsAt": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "endsAt": "0001-01-01T00:00:00Z",
         "generatorURL": "http://prometheus:9090/graph",
-        "fingerprint": "",
+        "fingerprint": fingerprint(labels),  # as Alertmanager sends every alert
     }
 
 
@@ -239,6 +242,9 @@ class Result:
     cpu_s: float = 0.0
     cpu_by_kind: dict[str, float] = field(default_factory=dict)
     pss_by_kind_mb: dict[str, float] = field(default_factory=dict)
+    # The sustained stream alone: is a side short of CPU, and who has it while payloads wait?
+    stream_busy_pct: float = 0.0  # the host's CPUs busy, of all of them
+    stream_cpu_by_kind: dict[str, float] = field(default_factory=dict)
 
 
 def kind_of(pid: int) -> str:
@@ -291,7 +297,7 @@ class TreeSampler:
 
     def cpu_by_kind(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for kind, seconds in self._cpu.values():
+        for kind, seconds in list(self._cpu.values()):  # the sampler adds to it meanwhile
             out[kind] = out.get(kind, 0.0) + seconds
         return out
 
@@ -316,6 +322,46 @@ def stop_tree(proc: subprocess.Popen[bytes]) -> float:
         time.sleep(0.05)
 
 
+def host_cpu() -> tuple[int, int]:
+    """The host's busy and total CPU ticks so far (/proc/stat; idle and iowait count idle)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+class Client:
+    """One keep-alive connection posting payloads (http.client: the bench's own CPU is spent on
+    the same cores as the service's, and requests' Session cost four times as much per POST)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        parts = urlsplit(url)
+        self.host, self.port, self.path = parts.hostname or "", parts.port or 80, parts.path
+        self.timeout = timeout
+        self.conn: http.client.HTTPConnection | None = None
+
+    def post(self, data: bytes) -> bool:
+        """Whether the service answered 2xx; a connection that failed is opened anew."""
+        try:
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            self.conn.request("POST", self.path, body=data, headers=HEADERS)
+            resp = self.conn.getresponse()
+            resp.read()
+            if resp.will_close:
+                self.close()
+            return 200 <= resp.status < 300
+        except (OSError, http.client.HTTPException):
+            self.close()
+            return False
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+
+
 def post_all(
     url: str, payloads: list[bytes], clients: int, sent: dict[int, float]
 ) -> tuple[list[float], int, float]:
@@ -323,24 +369,21 @@ def post_all(
     latencies: list[float] = []
     errors = 0
     lock = threading.Lock()
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
     def client(n: int) -> None:
         nonlocal errors
-        s = requests.Session()
+        c = Client(url, timeout=60)
         for i in range(n, len(payloads), clients):
             t0 = time.perf_counter()
             sent[i] = time.time()
-            try:
-                ok = s.post(url, data=payloads[i], headers=headers, timeout=60).ok
-            except requests.RequestException:
-                ok = False
+            ok = c.post(payloads[i])
             dt = time.perf_counter() - t0
             with lock:
                 if ok:
                     latencies.append(dt)
                 else:
                     errors += 1
+        c.close()
 
     t0 = time.monotonic()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
@@ -353,17 +396,16 @@ def post_all(
 
 def burst(url: str, payloads: list[bytes]) -> tuple[list[float], int]:
     """Every payload at the same moment, one connection each."""
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     gate = threading.Barrier(len(payloads))
 
     def one(data: bytes) -> float | None:
+        c = Client(url, timeout=120)
         gate.wait()
         t0 = time.perf_counter()
-        try:
-            ok = requests.post(url, data=data, headers=headers, timeout=120).ok
-        except requests.RequestException:
-            ok = False
-        return time.perf_counter() - t0 if ok else None
+        ok = c.post(data)
+        dt = time.perf_counter() - t0
+        c.close()
+        return dt if ok else None
 
     with ThreadPoolExecutor(len(payloads)) as pool:
         got = list(pool.map(one, payloads))
@@ -390,7 +432,16 @@ def run_side(side: Side, stream: Stream, clients: int, work: Path) -> Result:
     res = Result(side.name)
     try:
         sent: dict[int, float] = {}
+        busy0, total0 = host_cpu()
+        cpu0 = sampler.cpu_by_kind()
+        me0 = time.process_time()
         lat, res.errors, elapsed = post_all(side.url, stream.payloads, clients, sent)
+        busy1, total1 = host_cpu()
+        res.stream_busy_pct = 100 * (busy1 - busy0) / max(1, total1 - total0)
+        res.stream_cpu_by_kind = {
+            k: v - cpu0.get(k, 0.0) for k, v in sampler.cpu_by_kind().items()
+        }  # to the last 100 ms sample
+        res.stream_cpu_by_kind["bench (clients, sampler)"] = time.process_time() - me0
         res.payloads_per_s = len(lat) / elapsed
         res.p50_ms = statistics.median(lat) * 1000
         res.p99_ms = pct(lat, 0.99) * 1000
@@ -770,6 +821,11 @@ def main() -> None:
                     + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r.cpu_by_kind.items()))
                     + "; PSS MB at the peak: "
                     + ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.pss_by_kind_mb.items())),
+                    flush=True,
+                )
+                print(
+                    f"    the stream: host CPU {r.stream_busy_pct:.0f} % busy; CPU s by process: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r.stream_cpu_by_kind.items())),
                     flush=True,
                 )
                 results.append(r)

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from itertools import groupby
 
 from webhook.adapters.slurm import SlurmError
 from webhook.core import durations
@@ -164,13 +165,22 @@ class LiveLoop:
         # can commit after a higher id was read. Those fed already are skipped.
         low = max(0, self.last_alert - LATE_IDS)
         rows = self.ledger.alerts_after(low, skip=frozenset(self.fed))
+        judged: list[tuple[datetime, bool, Alert]] = []  # (received, as evidence, alert)
         for row_id, received_at, alert in rows:
             self.last_alert = max(self.last_alert, row_id)
             self.fed.add(row_id)
             if since is None or received_at >= since or self._decided_on(alert):
-                self.engine.receive(wrap([alert]), received_at)
+                judged.append((received_at, True, alert))
             elif received_at >= self.started - self.engine.policy.retention_age:
-                self.engine.remember(wrap([alert]), received_at)
+                judged.append((received_at, False, alert))
+        # Consecutive alerts received together (one notification's) go to the engine as one
+        # payload, as they came: it takes a payload's alerts one by one, in order.
+        for (at, evidence), group in groupby(judged, key=lambda j: (j[0], j[1])):
+            payload = wrap([alert for _, _, alert in group])
+            if evidence:
+                self.engine.receive(payload, at)
+            else:
+                self.engine.remember(payload, at)
         if rows:
             self.fed = {i for i in self.fed if i > self.last_alert - LATE_IDS}
         return len(rows)
