@@ -324,7 +324,8 @@ def stop_tree(proc: subprocess.Popen[bytes]) -> float:
 
 def host_cpu() -> tuple[int, int]:
     """The host's busy and total CPU ticks so far (/proc/stat; idle and iowait count idle)."""
-    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is counted in user already)
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
@@ -339,7 +340,10 @@ class Client:
         self.conn: http.client.HTTPConnection | None = None
 
     def post(self, data: bytes) -> bool:
-        """Whether the service answered 2xx; a connection that failed is opened anew."""
+        """Whether the service answered 2xx; a connection that failed is opened anew. A kept
+        connection the server closed while idle (gunicorn does after 2 s) is tried once more
+        on a new one, as requests does."""
+        reused = self.conn is not None
         try:
             if self.conn is None:
                 self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
@@ -349,6 +353,9 @@ class Client:
             if resp.will_close:
                 self.close()
             return 200 <= resp.status < 300
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            self.close()
+            return self.post(data) if reused else False
         except (OSError, http.client.HTTPException):
             self.close()
             return False

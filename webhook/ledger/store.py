@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import fcntl
+import json
 import os
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -85,6 +86,16 @@ from webhook.ledger.settings import CorruptSetting, S, Setting
 def _utc(dt: datetime) -> datetime:
     """SQLite hands datetimes back naive; the ledger stores UTC only."""
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def _alert_of(text: str) -> Alert:
+    """A stored alert. Pydantic's JSON parser is the fast way, but it refuses some text the
+    webhook took (it parsed with json.loads): nesting deeper than 200 in an extra field, a lone
+    surrogate escape in an annotation. Those are read as the webhook read them."""
+    try:
+        return Alert.model_validate_json(text)
+    except ValidationError:
+        return Alert.model_validate(json.loads(text))
 
 
 class Unavailable(RuntimeError):
@@ -287,7 +298,7 @@ class Ledger:
                 .order_by(AlertRow.id)
                 .limit(limit)
             ).all()
-        return [(i, _utc(at), Alert.model_validate_json(text)) for i, at, text in rows]
+        return [(i, _utc(at), _alert_of(text)) for i, at, text in rows]
 
     def last_alert_id(self) -> int:
         with self.session() as s:

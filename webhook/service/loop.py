@@ -15,7 +15,7 @@ from itertools import groupby
 
 from webhook.adapters.slurm import SlurmError
 from webhook.core import durations
-from webhook.core.alerts import Alert, wrap
+from webhook.core.alerts import Alert, Payload, wrap
 from webhook.core.cluster import ClusterView, eligible
 from webhook.core.decisions import Decision, GuardState
 from webhook.core.engine import Engine, evidence_key
@@ -165,25 +165,31 @@ class LiveLoop:
         # can commit after a higher id was read. Those fed already are skipped.
         low = max(0, self.last_alert - LATE_IDS)
         rows = self.ledger.alerts_after(low, skip=frozenset(self.fed))
-        judged: list[tuple[datetime, bool, Alert]] = []  # (received, as evidence, alert)
-        for row_id, received_at, alert in rows:
-            self.last_alert = max(self.last_alert, row_id)
-            self.fed.add(row_id)
-            if since is None or received_at >= since or self._decided_on(alert):
-                judged.append((received_at, True, alert))
-            elif received_at >= self.started - self.engine.policy.retention_age:
-                judged.append((received_at, False, alert))
         # Consecutive alerts received together (one notification's) go to the engine as one
-        # payload, as they came: it takes a payload's alerts one by one, in order.
-        for (at, evidence), group in groupby(judged, key=lambda j: (j[0], j[1])):
-            payload = wrap([alert for _, _, alert in group])
-            if evidence:
-                self.engine.receive(payload, at)
-            else:
-                self.engine.remember(payload, at)
+        # payload, as they came: it takes a payload's alerts one by one, in order. A group is
+        # counted fed as it goes to the engine: should the engine fail on it, the groups after
+        # it are read again at the next step, and the loop does not stick on the one it failed.
+        for (at, how), group in groupby(rows, key=lambda r: (r[1], self._how(r[2], r[1], since))):
+            batch = list(group)
+            for row_id, _, _ in batch:
+                self.last_alert = max(self.last_alert, row_id)
+                self.fed.add(row_id)
+            if how is not None:
+                how(wrap([alert for _, _, alert in batch]), at)
         if rows:
             self.fed = {i for i in self.fed if i > self.last_alert - LATE_IDS}
         return len(rows)
+
+    def _how(
+        self, alert: Alert, received_at: datetime, since: datetime | None
+    ) -> Callable[[Payload, datetime], object] | None:
+        """What the engine makes of an alert: evidence, history for rule 5, or nothing (older
+        than the retention)."""
+        if since is None or received_at >= since or self._decided_on(alert):
+            return self.engine.receive
+        if received_at >= self.started - self.engine.policy.retention_age:
+            return self.engine.remember
+        return None
 
     def _decided_on(self, alert: Alert) -> bool:
         """Whether a restored incident was decided on this alert."""
