@@ -8,7 +8,9 @@ jobs), then runs each side in turn, alternating, on the same stream:
 - **sustained**: `--payloads` Alertmanager payloads of ten distinct alerts from `--clients`
   clients over keep-alive connections. Four of the 20,000 alerts are an XID 79 on a node of a
   running job; the rest are warnings neither side acts on (GpuThrottled on other nodes).
-  Printed: payloads/s and the time to the answer (p50, p99).
+  Printed: payloads/s and the time to the answer (p50, p99); and, to see which side is short
+  of CPU and who has it meanwhile, the host's CPUs busy during the stream and each process's
+  CPU in it.
 - **to the first task**: from the POST of each XID to the first task of its first playbook. Both
   sides run the same two playbooks per XID (drain_nodes and requeue_job, in check mode: eight dry
   runs), and the same Ansible callback stamps their first task. For slurmedic, also the time to
