@@ -68,10 +68,16 @@ def test_xid79_is_recorded_as_drain_and_requeue_and_slurm_is_untouched(
         _, events = ledger.decision(row.id)  # type: ignore[misc]
         return next((e.detail["dry_run"]["commands"] for e in events if "dry_run" in e.detail), [])
 
-    assert eventually(lambda: dry_run(by_action["drain"]), what="dry run of the drain") == [
+    # A bound as for the other playbook runs in the lab tests (120 s): the runs give way to
+    # everything else on the host (executor.cpu_weight), and CI runs two stacks' labs at once.
+    assert eventually(
+        lambda: dry_run(by_action["drain"]), timeout=120, what="dry run of the drain"
+    ) == [
         f'scontrol update nodename={nodes[1]} state=drain reason="slurmedic: {job}.0 gpu_hardware"'
     ]
-    assert eventually(lambda: dry_run(by_action["requeue"]), what="dry run of the requeue") == [
+    assert eventually(
+        lambda: dry_run(by_action["requeue"]), timeout=120, what="dry run of the requeue"
+    ) == [
         f"scontrol requeuehold {job}",
         f"scontrol update jobid={job} ExcNodeList={nodes[1]}",
         f"scontrol release {job}",
