@@ -331,6 +331,9 @@ def host_cpu() -> tuple[int, int]:
     return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
+HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+
+
 class Client:
     """One keep-alive connection posting payloads (http.client: the bench's own CPU is spent on
     the same cores as the service's, and requests' Session cost four times as much per POST)."""
@@ -366,9 +369,6 @@ class Client:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
-
-
-HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
 
 def post_all(
