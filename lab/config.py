@@ -92,6 +92,13 @@ class LabConfig:
     python: str = field(default_factory=lambda: sys.executable)
     # slurmdbd and its MariaDB (lab/accounting.py); SLURMEDIC_LAB_ACCOUNTING=0 turns them off.
     accounting: bool = field(default_factory=_default_accounting)
+    # slurmedic's playbook runs in a cgroup that gives way under contention (executor.cpu_weight,
+    # the product's default). False: they compete as equals. The lab tests say False: on a host
+    # without CPU accounting (cgroup v1's root, as in CI) the runs give way to every process on
+    # it, and CI runs two stacks' labs at once on two cores, a contention no site has (a second
+    # cluster on its controller) that held a dry run back past any bound. What the weight does
+    # is tested on its own, on this host's real cgroups (tests/service/test_run_cgroup.py).
+    weigh_runs: bool = True
 
     def __post_init__(self) -> None:
         # The lab takes base+1 .. base+917 (with 8 leaf switches, the most it has room for);

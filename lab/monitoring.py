@@ -284,6 +284,7 @@ def slurmedic_config(cfg: LabConfig) -> dict[str, Any]:
         "executor": {
             "inventory": str(cfg.etc / "inventory.yml"),
             "artifacts_dir": str(cfg.run_dir / "slurmedic" / "artifacts"),
+            **({} if cfg.weigh_runs else {"cpu_weight": None}),
         },
         "notify": {"alertmanager_url": cfg.alertmanager_url, "interval_seconds": 1},
         "console": {

@@ -34,11 +34,19 @@ from webhook.service.config import load_config
 T = TypeVar("T")
 # SLURMEDIC_TEST_PORT_BASE lets two test runs share one machine.
 TEST_PORT_BASE = int(os.environ.get("SLURMEDIC_TEST_PORT_BASE", "27000"))
+# How long a lab test waits for a playbook run, or for what follows one (a requeued job running
+# again): seconds each on a quiet machine, more on a loaded one (the executor's deadlines only
+# bound a hang). A bound on a wait for the event, not a guess at when it comes.
+PLAYBOOK_RUN_S = 120.0
 
 
 @pytest.fixture(scope="session")
 def lab_cfg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabConfig]:
-    cfg = LabConfig(run_dir=tmp_path_factory.mktemp("lab"), port_base=TEST_PORT_BASE)
+    # The runs unweighted (LabConfig.weigh_runs says why): the lab tests bound a playbook run by
+    # PLAYBOOK_RUN_S, not by what another stack's lab leaves of the CPU.
+    cfg = LabConfig(
+        run_dir=tmp_path_factory.mktemp("lab"), port_base=TEST_PORT_BASE, weigh_runs=False
+    )
     try:
         manage.up(cfg)
         yield cfg

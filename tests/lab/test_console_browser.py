@@ -22,7 +22,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 from lab import api, manage, monitoring
 from lab.config import LabConfig
 from lab.slurm import slurm
-from tests.lab.conftest import eventually, running_nodes, serve_slurmedic
+from tests.lab.conftest import PLAYBOOK_RUN_S, eventually, running_nodes, serve_slurmedic
 from tests.lab.test_remediation import decided, healthy_after, mapped, restore
 from webhook.ledger import review
 from webhook.ledger.store import Ledger, last_dry_run
@@ -77,7 +77,7 @@ def test_an_approver_reviews_judges_and_approves_an_incident_in_the_browser(
         return all(f is not None and last_dry_run(f[1]) is not None for f in found)
 
     # Two check-mode runs, one after the other: the deadline only bounds a hang.
-    eventually(previewed, timeout=120, what="the dry runs of both decisions")
+    eventually(previewed, timeout=PLAYBOOK_RUN_S, what="the dry runs of both decisions")
     # The approver hears of it through the site's Alertmanager, one notice per decision.
     notice = {"alertname": "SlurmedicAwaitingApproval", "incident": incident}
     posted = eventually(
@@ -142,12 +142,12 @@ def test_an_approver_reviews_judges_and_approves_an_incident_in_the_browser(
     # Two playbook runs, the drain first: the deadlines only bound a hang.
     eventually(
         lambda: "DRAIN" in slurm(lab_cfg, "scontrol", "show", "node", bad, "-o"),
-        timeout=120,
+        timeout=PLAYBOOK_RUN_S,
         what="the approved drain carried out",
     )
     eventually(
         lambda: int(manage.show_job(lab_cfg, job)["Restarts"]) >= 1,
-        timeout=120,
+        timeout=PLAYBOOK_RUN_S,
         what="the approved requeue carried out",
     )
     decided(lab_cfg, approve, incident, 2, {"executed"})

@@ -22,7 +22,14 @@ import pytest
 from lab import api, manage, monitoring, processes
 from lab.config import LabConfig
 from lab.slurm import node_states, slurm
-from tests.lab.conftest import eventually, joblog, query, running_nodes, serve_slurmedic
+from tests.lab.conftest import (
+    PLAYBOOK_RUN_S,
+    eventually,
+    joblog,
+    query,
+    running_nodes,
+    serve_slurmedic,
+)
 from tests.lab.test_remediation import checkpointed_job, cli, healthy_after, mapped, restore
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.settings import Heartbeat, Jobs
@@ -112,7 +119,9 @@ def running_again(cfg: LabConfig, job: int, restarts: int) -> list[str]:
         return []
 
     try:
-        nodes: list[str] = eventually(probe, timeout=120, what=f"attempt {restarts} running")
+        nodes: list[str] = eventually(
+            probe, timeout=PLAYBOOK_RUN_S, what=f"attempt {restarts} running"
+        )
     except AssertionError as e:
         info = slurm(cfg, "scontrol", "show", "job", str(job), "-o", check=False)
         raise AssertionError(f"{e}\n{info}") from None

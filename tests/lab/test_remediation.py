@@ -22,6 +22,7 @@ from lab import api, manage, monitoring, processes
 from lab.config import LabConfig
 from lab.slurm import node_states, slurm
 from tests.lab.conftest import (
+    PLAYBOOK_RUN_S,
     eventually,
     joblog,
     next_attempt,
@@ -303,7 +304,7 @@ def test_approve_mode_waits_for_a_human(
     # on a quiet machine, more on a loaded one (the deadline only bounds a hang).
     listed = eventually(
         lambda: (out := cli(lab_cfg, "review").stdout).count("not recorded yet") == 0 and out,
-        timeout=120,
+        timeout=PLAYBOOK_RUN_S,
         what="both dry runs in review",
     )
     assert isinstance(listed, str)
@@ -320,7 +321,7 @@ def test_approve_mode_waits_for_a_human(
     assert out.returncode == 0, out.stderr
     eventually(
         lambda: "DRAIN" in slurm(lab_cfg, "scontrol", "show", "node", nodes[2], "-o"),
-        timeout=120,
+        timeout=PLAYBOOK_RUN_S,
         what="approved drain carried out",
     )
     # The rejected requeue never ran: the job keeps its attempt.

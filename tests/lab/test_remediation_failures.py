@@ -20,7 +20,7 @@ from lab import api, manage, monitoring, processes
 from lab.config import LabConfig
 from lab.faults import JobFault, add_job_fault, control_path
 from lab.slurm import slurm, start_slurmctld
-from tests.lab.conftest import eventually, query, running_nodes, serve_slurmedic
+from tests.lab.conftest import PLAYBOOK_RUN_S, eventually, query, running_nodes, serve_slurmedic
 from tests.lab.test_remediation import (
     checkpointed_job,
     decided,
@@ -54,7 +54,9 @@ def resumed_without(cfg: LabConfig, job: int, bad: str) -> list[str]:
         return []
 
     try:
-        nodes: list[str] = eventually(running_again, timeout=120, what="the job running again")
+        nodes: list[str] = eventually(
+            running_again, timeout=PLAYBOOK_RUN_S, what="the job running again"
+        )
     except AssertionError as e:
         job_info = slurm(cfg, "scontrol", "show", "job", str(job), "-o")
         raise AssertionError(f"{e}\n{job_info}\n{slurm(cfg, 'sinfo', '-N', '-l')}") from None
@@ -187,7 +189,7 @@ def test_a_successor_that_crashes_before_its_first_checkpoint_is_a_failed_recove
     assert rows["requeue"].state == "executed", failures(enforce, rows)
     recovery = eventually(
         lambda: [r for r in enforce.recoveries("recovered", "failed") if r.incident == f"{job}.0"],
-        timeout=120,
+        timeout=PLAYBOOK_RUN_S,
         what="the recovery judged",
     )[0]
     assert recovery.state == "failed", (recovery.reason, recovery.failed_step)

@@ -14,7 +14,7 @@ import pytest
 
 from lab import manage
 from lab.config import LabConfig
-from tests.lab.conftest import eventually
+from tests.lab.conftest import PLAYBOOK_RUN_S, eventually
 from tests.lab.replicas import (
     LEASE,
     Replicas,
@@ -48,7 +48,9 @@ def test_two_replicas_carry_out_each_action_once(
     job, nodes = checkpointed_job(lab_cfg, submit)
     manage.inject_gpu(lab_cfg, "xid", nodes[1], 4, xid=79)
     incident = f"{job}.0"
-    rows = waiting(pair, job, carried_out(pair.ledger, incident), "drain and requeue", timeout=120)
+    rows = waiting(
+        pair, job, carried_out(pair.ledger, incident), "drain and requeue", timeout=PLAYBOOK_RUN_S
+    )
     # One decision of each, each claimed once, by the leader's term.
     executed_once(pair, incident, rows)
     for row in rows.values():
@@ -78,7 +80,9 @@ def test_a_follower_takes_over_a_killed_leader_and_finishes_its_run_once(
     eventually(lambda: pair.readyz(follower)["leading"], timeout=4 * LEASE + 30, what="a takeover")
     print(f"takeover {time.monotonic() - killed_at:.1f} s after the kill (lease {LEASE} s)")
     assert pair.metric(follower, "slurmedic_leader_term") == term + 1
-    rows = waiting(pair, job, carried_out(pair.ledger, incident), "drain and requeue", timeout=120)
+    rows = waiting(
+        pair, job, carried_out(pair.ledger, incident), "drain and requeue", timeout=PLAYBOOK_RUN_S
+    )
     executed_once(pair, incident, rows)
     # The run the leader left `running` was run again by the follower's term, once.
     (left,) = running
@@ -109,7 +113,11 @@ def test_a_leader_paused_past_its_lease_claims_nothing_when_it_wakes(
         manage.inject_gpu(lab_cfg, "xid", nodes[1], 4, xid=79)
         incident = f"{job}.0"
         rows = waiting(
-            pair, job, carried_out(pair.ledger, incident), "drain and requeue", timeout=120
+            pair,
+            job,
+            carried_out(pair.ledger, incident),
+            "drain and requeue",
+            timeout=PLAYBOOK_RUN_S,
         )
     finally:
         pair.pause(leader, False)

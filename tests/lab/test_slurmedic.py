@@ -11,7 +11,14 @@ import pytest
 from lab import manage, processes
 from lab.config import LabConfig
 from lab.slurm import slurm
-from tests.lab.conftest import eventually, query, quiet, running_nodes, serve_slurmedic
+from tests.lab.conftest import (
+    PLAYBOOK_RUN_S,
+    eventually,
+    query,
+    quiet,
+    running_nodes,
+    serve_slurmedic,
+)
 from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger
 
@@ -68,15 +75,13 @@ def test_xid79_is_recorded_as_drain_and_requeue_and_slurm_is_untouched(
         _, events = ledger.decision(row.id)  # type: ignore[misc]
         return next((e.detail["dry_run"]["commands"] for e in events if "dry_run" in e.detail), [])
 
-    # A bound as for the other playbook runs in the lab tests (120 s): the runs give way to
-    # everything else on the host (executor.cpu_weight), and CI runs two stacks' labs at once.
     assert eventually(
-        lambda: dry_run(by_action["drain"]), timeout=120, what="dry run of the drain"
+        lambda: dry_run(by_action["drain"]), timeout=PLAYBOOK_RUN_S, what="dry run of the drain"
     ) == [
         f'scontrol update nodename={nodes[1]} state=drain reason="slurmedic: {job}.0 gpu_hardware"'
     ]
     assert eventually(
-        lambda: dry_run(by_action["requeue"]), timeout=120, what="dry run of the requeue"
+        lambda: dry_run(by_action["requeue"]), timeout=PLAYBOOK_RUN_S, what="dry run of the requeue"
     ) == [
         f"scontrol requeuehold {job}",
         f"scontrol update jobid={job} ExcNodeList={nodes[1]}",
