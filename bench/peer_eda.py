@@ -56,6 +56,7 @@ import yaml
 from bench.lablib import running_nodes, wait
 from lab import manage, processes
 from lab.config import LabConfig
+from webhook.cli.keeper import KEEPER_NAME, LOOP_NAME
 from webhook.core.alerts import fingerprint
 from webhook.ledger.store import Ledger
 
@@ -250,11 +251,15 @@ class Result:
 
 
 def kind_of(pid: int) -> str:
-    """What a process of the tree is, by its command line: where the CPU and memory go."""
+    """What a process of the tree is, by its name (serve's keeper and the loops it forks name
+    themselves) or its command line: where the CPU and memory go."""
     try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return "?"
+    if name in (KEEPER_NAME, LOOP_NAME):
+        return name.removeprefix("slurmedic-")
     words = [Path(a.decode(errors="replace")).name for a in argv if a]
     for key in ("ansible-playbook", "ansible-rulebook", "loop", "serve", "scontrol", "sacct"):
         if key in words or any(w.startswith(key) for w in words):

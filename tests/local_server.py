@@ -18,6 +18,7 @@ import requests
 import yaml
 
 from lab.processes import parent_of
+from webhook.cli.keeper import KEEPER_NAME, LOOP_NAME
 
 TOKEN = "s3cret-token-for-tests"  # a local test server's token, not a secret
 
@@ -99,15 +100,32 @@ def stop_server(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> Non
 
 
 def serve_children(pid: int, *, loop: bool) -> list[int]:
-    """The processes `slurmedic serve` (`pid`) started: its loop (`loop`), or its web workers."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or parent_of(int(entry.name)) != pid:
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (b"loop" in cmdline) == loop:
-            found.append(int(entry.name))
-    return found
+    """The processes `slurmedic serve` (`pid`) started: its loop (`loop`: forked by its keeper,
+    or started as a process of its own once the keeper has gone), or its web workers."""
+    keepers = [p for p in _children(pid) if _comm(p) == KEEPER_NAME]
+    if loop:
+        return [p for p in _children(pid, *keepers) if _is_loop(p)]
+    return [p for p in _children(pid) if p not in keepers and not _is_loop(p)]
+
+
+def _children(*parents: int) -> list[int]:
+    return [
+        int(e.name)
+        for e in Path("/proc").iterdir()
+        if e.name.isdigit() and parent_of(int(e.name)) in parents
+    ]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _is_loop(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return _comm(pid) == LOOP_NAME or b"loop" in cmdline

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import shutil
@@ -21,6 +22,7 @@ import click
 from gunicorn.app.base import BaseApplication
 
 from webhook.cli.common import config_of, config_option, policy_of, policy_option
+from webhook.cli.keeper import ForkedLoop, Keeper, KeeperGone
 from webhook.core.policy import Policy
 from webhook.executor import cgroup
 from webhook.executor.cgroup import RUN_CGROUP_ENV, RunGroup
@@ -52,8 +54,8 @@ def _closing_oversized(limit: int) -> Callable[[Any, Any], None]:
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
-    def __init__(self, config: ServiceConfig, ledger: Ledger) -> None:
-        self.service, self.ledger = config, ledger
+    def __init__(self, config: ServiceConfig, ledger: Ledger, keeper: Keeper | None) -> None:
+        self.service, self.ledger, self.keeper = config, ledger, keeper
         super().__init__()
 
     def load_config(self) -> None:
@@ -71,6 +73,10 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         # are most of a worker's memory). See `load` for the ledger's connections.
         self.cfg.set("preload_app", True)
         self.cfg.set("child_exit", _worker_exit)
+        # A worker is a fork of serve: it would hold serve's end of the keeper's socket, and the
+        # keeper would not see serve's end while the worker lives.
+        if self.keeper is not None:
+            self.cfg.set("post_fork", lambda _server, _worker: self.keeper.close())
         self.cfg.set("pre_request", _closing_oversized(self.service.max_body_bytes))
         # Header fields up to 64 KiB reach the application, which refuses those over 8,190
         # bytes with a JSON reason (HEADER_FIELD_LIMIT) instead of gunicorn's HTML page.
@@ -84,9 +90,13 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         # workers to inherit (one connection used by two processes corrupts its state); each
         # worker opens its own.
         self.ledger.release()
+        # Out of the collector's reach, so that it does not make each worker's copy of them
+        # private: the workers are forked from here next.
+        gc.freeze()
         return app
 
 
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's, for its multiprocess mode
 PARENT_ENV = "SLURMEDIC_SERVE_PID"  # set for the loop `serve` starts: whose loop it is
 # The pipe a loop `serve` started says on how it ends, before its exit (its fd number): the
 # exit code alone may be gunicorn's to read (LoopSupervisor).
@@ -110,11 +120,21 @@ class LoopSupervisor:
     every child that ends (`waitpid(-1)`), and when it takes the loop's status first, Popen
     reads 0. A 0 without the loop's word is a loop that ended some other way."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], *, grace: float = 10.0) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        grace: float = 10.0,
+        keeper: Keeper | None = None,
+    ) -> None:
         # How long a stopped loop may take to finish the playbooks it runs before it is killed.
         self.argv, self.env, self.grace = argv, env, grace
+        # Each loop forked by the keeper (webhook/cli/keeper.py); without one, or once it has
+        # gone, a process of its own (`argv`, `env`).
+        self.keeper = keeper
         self.stopping = threading.Event()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedLoop | None = None
         self.thread = threading.Thread(target=self._run, name="loop-supervisor", daemon=True)
 
     def start(self) -> None:
@@ -127,9 +147,7 @@ class LoopSupervisor:
             started = time.monotonic()
             said, write = os.pipe()
             try:
-                self.proc = subprocess.Popen(
-                    self.argv, env={**self.env, WORD_FD_ENV: str(write)}, pass_fds=(write,)
-                )
+                self.proc = self._launch(write)
             finally:
                 os.close(write)
             code = self.proc.wait()
@@ -157,6 +175,22 @@ class LoopSupervisor:
                 return
             delay = min(delay * 2, 60.0)
 
+    def _launch(self, word_fd: int) -> subprocess.Popen[bytes] | ForkedLoop:
+        if self.keeper is not None:
+            try:
+                return self.keeper.start(word_fd)
+            except KeeperGone as e:
+                logging.getLogger("slurmedic.serve").error(
+                    "the loop's keeper is gone (%s): each loop is started as a process of its "
+                    "own from now on",
+                    e,
+                )
+                self.keeper.close()
+                self.keeper = None
+        return subprocess.Popen(
+            self.argv, env={**self.env, WORD_FD_ENV: str(word_fd)}, pass_fds=(word_fd,)
+        )
+
     def stop(self) -> None:
         self.stopping.set()
         if self.proc is not None and self.proc.poll() is None:
@@ -165,6 +199,8 @@ class LoopSupervisor:
                 self.proc.wait(self.grace)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        if self.keeper is not None:
+            self.keeper.end()
 
 
 def _read_all(fd: int) -> bytes:
@@ -205,7 +241,9 @@ def _stop_when_orphaned(parent: int, halt: Callable[[], None]) -> None:
     while True:
         time.sleep(1.0)
         if os.getppid() != parent:
-            logging.getLogger(__name__).warning("serve (pid %d) is gone: the loop stops", parent)
+            logging.getLogger(__name__).warning(
+                "the loop's parent (pid %d: serve, or its keeper) is gone: the loop stops", parent
+            )
             halt()
             return
 
@@ -226,6 +264,13 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
         if (given := os.environ.pop(RUN_CGROUP_ENV, None)) is None
         else (RunGroup.from_env(given))
     )
+    if given is not None:  # serve's, which said what it is when it made it: said again here
+        logging.getLogger("slurmedic.loop").info(
+            "the loop's playbook runs: %s",
+            f"in serve's group {group.procs.parent} (weight {group.weight})"
+            if group is not None
+            else "unweighted, as serve's",
+        )
 
     def make_loop(ledger: Ledger) -> LiveLoop:
         """A new term's loop, built from the ledger as a restart builds one; `ledger` is
@@ -290,12 +335,20 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    orphaned = threading.Event()
+
+    def orphan() -> None:
+        orphaned.set()
+        replica.halt()
+
     if parent := os.environ.pop(PARENT_ENV, ""):
         threading.Thread(
-            target=_stop_when_orphaned, args=(int(parent), replica.halt), daemon=True
+            target=_stop_when_orphaned, args=(int(parent), orphan), daemon=True
         ).start()
     replica.run(config.tick_seconds)
-    _say(word_fd, STOPPED)
+    # Orphaned is not told to stop: its keeper gone while serve lives, serve starts another.
+    if not orphaned.is_set():
+        _say(word_fd, STOPPED)
 
 
 def _run_group(config: ServiceConfig) -> RunGroup | None:
@@ -332,33 +385,86 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
         ledger.unlock_loop()
     except (Unavailable, LoopRefused) as e:  # a mistyped path, an unreachable PostgreSQL
         raise click.ClickException(str(e)) from e
+    ledger.release()  # nothing of it for the keeper to inherit
     # The replica's name, for its loop and its web workers alike.
     os.environ[REPLICA_ENV] = config.replica_name()
     # Before anything is started: on cgroup v2, serve moves itself to a leaf, alone.
     group = _run_group(config)
     os.environ[RUN_CGROUP_ENV] = group.env() if group is not None else ""
-    # The loop is its own process (not a fork of this one: gunicorn forks its workers from
-    # here, and they must not inherit it).
-    argv = [sys.executable, "-m", "webhook.cli", "loop"]
-    if config_path is not None:
-        argv.append(f"--config={config_path}")
+    args = [f"--config={config_path}"] if config_path is not None else []
     if policy_path is not None:
-        argv.append(f"--policy={policy_path}")
-    loop = LoopSupervisor(
-        argv,
-        {**os.environ, PARENT_ENV: str(os.getpid())},
-        grace=config.executor.timeout_seconds + 10,  # a stop does not cut a playbook short
-    )
-    loop.start()
+        args.append(f"--policy={policy_path}")
     # /metrics adds up the request counts of every worker from files here (prometheus-client's
-    # multiprocess mode); a fresh directory per run, as its documentation asks.
+    # multiprocess mode, which it picks when it is imported: before the imports below); a fresh
+    # directory per run, as its documentation asks.
     metrics_dir = tempfile.mkdtemp(prefix="slurmedic-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    os.environ[METRICS_DIR_ENV] = metrics_dir
+    serve_pid = os.getpid()
+    loop: LoopSupervisor | None = None
     try:
-        _Gunicorn(config, ledger).run()  # the app's ledger: released before the fork
+        # Each loop is forked by the keeper, forked here before any thread, from a serve that
+        # has imported what a loop runs: its pages are shared with this process and its web
+        # workers. gunicorn forks its workers from here too, and they must not inherit a loop.
+        _import_what_runs(config)
+        keeper: Keeper | None
+        try:
+            keeper = Keeper(_forked_loop(args))
+        except KeeperGone as e:
+            click.echo(f"each loop a process of its own: {e}", err=True)
+            keeper = None
+        loop = LoopSupervisor(
+            # Without a keeper (killed), a loop is started as a process of its own.
+            [sys.executable, "-m", "webhook.cli", "loop", *args],
+            {
+                **{k: v for k, v in os.environ.items() if k != METRICS_DIR_ENV},
+                PARENT_ENV: str(os.getpid()),
+            },
+            grace=config.executor.timeout_seconds + 10,  # a stop does not cut a playbook short
+            keeper=keeper,
+        )
+        loop.start()
+        _Gunicorn(config, ledger, keeper).run()  # the app's ledger: released before the fork
     finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-        loop.stop()
+        # A worker that ends (stopped, or started again after a timeout) leaves through here
+        # too, as a fork of this process: the metrics and the loop are serve's to end.
+        if os.getpid() == serve_pid:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            if loop is not None:
+                loop.stop()
+
+
+def _import_what_runs(config: ServiceConfig) -> None:
+    """What a loop imports (run_loop, make_loop) and what the web app does (create_app), imported
+    in serve before the keeper's fork: what serve loads after it is the keeper's to keep a copy
+    of, a page at a time, as serve writes to it."""
+    import webhook.app.alerts
+    import webhook.app.health
+    import webhook.app.metrics
+
+    if config.console.enabled:
+        import webhook.app.console
+    import webhook.adapters.prometheus
+    import webhook.adapters.slurm
+    import webhook.executor.dispatch
+    import webhook.executor.runner
+    import webhook.ledger.settings
+    import webhook.service.leadership
+    import webhook.service.loop
+    import webhook.service.notify
+    import webhook.service.verify  # noqa: F401
+
+
+def _forked_loop(args: list[str]) -> Callable[[int], int]:
+    """What a loop the keeper forks runs: `slurmedic loop` with serve's arguments, as a loop
+    started as a process of its own would, its word pipe `word_fd`; its parent is the keeper."""
+
+    def run(word_fd: int) -> int:
+        os.environ[WORD_FD_ENV] = str(word_fd)
+        os.environ[PARENT_ENV] = str(os.getppid())
+        loop_cmd.main(args=args, prog_name="slurmedic loop", standalone_mode=True)
+        return 0
+
+    return run
 
 
 @click.command(name="loop")

@@ -1,0 +1,267 @@
+"""The loop's keeper: one process, forked from `serve` before gunicorn and before any thread, that
+forks each loop `serve` asks for.
+
+A loop started as a process of its own imports everything again (SQLAlchemy, pydantic and its
+models, the core, the executor): some 60 MB of its own before it reads an alert, and a second
+or more of CPU at each restart. `serve` has imported all of it already for its web workers; a
+loop forked from it shares those pages (copy on write) and keeps some 6 MB of its own. It cannot
+be forked from `serve` itself: by then `serve` runs threads (the loop's supervisor, gunicorn's),
+and a fork copies only the thread that calls it, with whatever locks the others held. The
+keeper is forked before any of them and stays single-threaded.
+
+How the two talk (a Unix socket pair; a line each way, the loop's word pipe passed with the
+request as SCM_RIGHTS):
+- `serve` -> keeper: `start` and the write end of the word pipe; the keeper forks a loop.
+- keeper -> `serve`: `started PID`, later `ended PID CODE` (CODE as Popen's: -N for signal N).
+- `serve` gone (the socket's end): the keeper stops its loop (SIGTERM, as `serve`'s own stop)
+  and waits for it, then ends. The keeper gone: the loop sees its parent change and stops
+  (serve's `_stop_when_orphaned`), and `serve` starts its loops as processes of their own.
+
+Each is named in /proc/PID/comm (what `ps -e`, `top` and `pgrep` show): `slurmedic-keep` and
+`slurmedic-loop`. Their command line stays `serve`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+KEEPER_NAME = "slurmedic-keep"
+LOOP_NAME = "slurmedic-loop"
+STOPS = {signal.SIGTERM, signal.SIGINT}  # what a stop of serve sends its process group
+
+
+def name_this_process(name: str) -> None:
+    """This process's name where ps and pgrep read it (15 characters at most)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text(name)
+
+
+class KeeperGone(Exception):
+    """The keeper ended (killed): nothing can be forked from it any more."""
+
+
+class Keeper:
+    """`serve`'s end: start a loop, learn how it ended."""
+
+    def __init__(self, run_loop: Callable[[int], int]) -> None:
+        """Fork the keeper now. `run_loop(word_fd)` is what each loop runs, in the child; it
+        returns the loop's exit code. KeeperGone if this process already runs threads: a fork
+        would copy only this one, and the locks the others hold."""
+        if threading.active_count() > 1:
+            names = ", ".join(t.name for t in threading.enumerate())
+            raise KeeperGone(f"serve already runs threads ({names}): no fork")
+        # What every loop and every web worker would otherwise make private the first time the
+        # collector walks it (its headers written): kept out of the collector's reach.
+        gc.freeze()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:  # the keeper
+            ours.close()
+            _keep(theirs, run_loop)
+        theirs.close()
+        self.pid, self.sock = pid, ours
+        self._buffer = b""
+
+    def start(self, word_fd: int) -> ForkedLoop:
+        """A new loop, its word pipe's write end `word_fd` (still open here: the caller's)."""
+        try:
+            socket.send_fds(self.sock, [b"start\n"], [word_fd])
+            words = self._line(None)
+        except OSError as e:
+            raise KeeperGone(str(e)) from e
+        if words is None or words[0] != "started":  # "refused": a loop of its still runs
+            raise KeeperGone(f"the keeper answered {' '.join(words or [])!r} to a start")
+        return ForkedLoop(self, int(words[1]))
+
+    def _line(self, timeout: float | None) -> list[str] | None:
+        """The keeper's next line, split; None if none came within `timeout`; KeeperGone at
+        the socket's end."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                if not select.select([self.sock], [], [], left)[0]:
+                    return None
+                chunk = self.sock.recv(256)
+            except OSError as e:  # reset, or closed here (a worker's copy)
+                raise KeeperGone(str(e)) from e
+            if not chunk:
+                raise KeeperGone("the keeper's socket closed")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode().split()
+
+    def close(self) -> None:
+        """This process's end of the socket closed (a worker forked from serve holds a copy)."""
+        self.sock.close()
+
+    def end(self, timeout: float = 5.0) -> None:
+        """serve's last word: the keeper ends (stopping a loop still running) and is reaped, its
+        CPU time and its loops' counted in serve's as a child's."""
+        self.close()
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(ChildProcessError):  # reaped already (gunicorn's master)
+            while not os.waitpid(self.pid, os.WNOHANG)[0]:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
+
+
+class ForkedLoop:
+    """A loop the keeper forked, as much of Popen as the supervisor uses: `wait` and `poll`
+    (from two threads at once: the supervisor's, and serve's stop), `terminate`, `kill`."""
+
+    ORPHAN_S = 60.0  # how long a loop whose keeper has gone may take to stop by itself
+
+    def __init__(self, keeper: Keeper, pid: int) -> None:
+        self.keeper, self.pid = keeper, pid
+        self.returncode: int | None = None
+        self._reading = threading.Lock()  # one reader of the keeper's socket at a time
+
+    def poll(self) -> int | None:
+        return self._wait(0.0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._wait(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(LOOP_NAME, timeout or 0.0)
+        return code
+
+    def _wait(self, timeout: float | None) -> int | None:
+        """The loop's exit code as the keeper reaped it; None if it still runs at `timeout`.
+        The keeper gone: the loop, orphaned, stops by itself (its parent changed); it is waited
+        for (killed after ORPHAN_S) and its code, which went with the keeper, reads -SIGKILL."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left < 0:
+                return None
+            # In slices, so that the other thread's wait gets its turn.
+            slice_s = 0.2 if left is None else min(0.2, left)
+            if not self._reading.acquire(timeout=slice_s):
+                continue
+            try:
+                if self.returncode is None:
+                    words = self.keeper._line(slice_s)
+                    if words is not None and words[:2] == ["ended", str(self.pid)]:
+                        self.returncode = int(words[2])
+            except KeeperGone:
+                self.returncode = self._orphan_ended()
+            finally:
+                self._reading.release()
+        return self.returncode
+
+    def _orphan_ended(self) -> int:
+        deadline = time.monotonic() + self.ORPHAN_S
+        while _running(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _running(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        return -signal.SIGKILL
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not yet a zombie (an orphan's status may never be read: init's to reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _keep(sock: socket.socket, run_loop: Callable[[int], int]) -> NoReturn:
+    """The keeper's life: fork a loop when asked, say how it ended; end with `serve`."""
+    code = 0
+    try:
+        name_this_process(KEEPER_NAME)
+        serve = os.getppid()
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        # serve's stop (its process group's SIGTERM, a terminal's SIGINT) reaches the loop
+        # itself; the keeper stays to say how the loop ended, and ends when serve has. Blocked,
+        # not ignored: a loop inherits the mask, and one sent to it before it has its handlers
+        # waits for them (ignored, it would be lost).
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+        loop: int | None = None
+        while True:
+            # A loop's end is polled: a SIGCHLD handler would race this select.
+            ready = select.select([sock], [], [], 0.2 if loop is not None else None)[0]
+            if loop is not None:
+                done, status = os.waitpid(loop, os.WNOHANG)
+                if done:
+                    sock.sendall(f"ended {loop} {os.waitstatus_to_exitcode(status)}\n".encode())
+                    loop = None
+            if not ready:
+                continue
+            msg, fds, _, _ = socket.recv_fds(sock, 64, 1)
+            if not msg:  # serve is gone
+                if loop is not None:
+                    logging.getLogger("slurmedic.keeper").warning(
+                        "serve (pid %d) is gone: the loop stops", serve
+                    )
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(loop, signal.SIGTERM)
+                    os.waitpid(loop, 0)
+                break
+            if loop is not None or not fds:  # one loop at a time, each with its word pipe
+                for fd in fds:
+                    os.close(fd)
+                sock.sendall(b"refused\n")
+                continue
+            loop = os.fork()
+            if loop == 0:
+                sock.close()
+                _be_the_loop(fds[0], run_loop)
+            os.close(fds[0])
+            sock.sendall(f"started {loop}\n".encode())
+    except BaseException:  # the keeper says why it ends, then ends
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _be_the_loop(word_fd: int, run_loop: Callable[[int], int]) -> NoReturn:
+    code = 1
+    try:
+        name_this_process(LOOP_NAME)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)  # as a new process: a stop ends it
+        # What it inherited stays frozen (shared); what it makes is collected as anywhere.
+        code = run_loop(word_fd)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:  # a SIGINT before the loop's handler: ended by it, as Python is
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # as an uncaught exception ends a process: exit 1
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
