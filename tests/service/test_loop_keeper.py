@@ -63,8 +63,9 @@ def test_with_its_keeper_killed_serve_starts_its_loop_as_a_process_of_its_own(
         keeper = parent_of(loop)
         assert keeper is not None
         os.kill(keeper, signal.SIGKILL)
-        # The orphaned loop sees its parent change and stops by itself.
-        eventually(lambda: not is_alive(loop), timeout=60, what="the orphaned loop to stop")
+        # The orphaned loop sees its parent change and stops by itself (serve would kill it
+        # only after executor.timeout_seconds + 10, 130 s here).
+        eventually(lambda: not is_alive(loop), timeout=30, what="the orphaned loop to stop")
         (again,) = eventually(
             lambda: [p for p in serve_children(server.proc.pid, loop=True) if p != loop],
             timeout=60,
@@ -78,6 +79,7 @@ def test_with_its_keeper_killed_serve_starts_its_loop_as_a_process_of_its_own(
             what="/readyz 200 again",
         )
         log = (tmp_path / "serve.out").read_text()
+        assert f"the loop's parent (pid {keeper}: serve, or its keeper) is gone" in log, log
         assert "the loop's keeper is gone" in log, log
         assert "each loop is started as a process of its own from now on" in log, log
     finally:
@@ -92,7 +94,8 @@ KEEPER_SCRIPT = textwrap.dedent(
     import json, os, sys, time
     from webhook.cli.keeper import Keeper
 
-    def run(word_fd):
+    def run(word_fd, parent):
+        assert parent == os.getppid()  # the keeper, which forked it
         how = os.environ["HOW"]
         if how == "word":
             os.write(word_fd, b"stopped")
@@ -154,11 +157,22 @@ def test_the_keeper_says_how_each_loop_ended(how: str, code: int, word: str) -> 
         assert proc.stderr.count("RuntimeError: the loop's own error") == 3
 
 
-def test_the_keeper_stops_its_loop_and_ends_when_its_parent_has() -> None:
-    proc = keeper_run("wait", ORPHAN="1")
-    pids = json.loads(proc.stdout)
+def test_the_keeper_stops_its_loop_and_ends_when_its_parent_has(tmp_path: Path) -> None:
+    # Not through pipes: the keeper and the loop would hold them, and the run's end would wait
+    # for theirs.
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as o, err.open("w") as e:
+        parent = subprocess.Popen(
+            [sys.executable, "-c", KEEPER_SCRIPT, "1"],
+            stdout=o,
+            stderr=e,
+            env={**os.environ, "HOW": "wait", "ORPHAN": "1"},
+        )
+    assert parent.wait(120) == 0
+    pids = json.loads(out.read_text())
     eventually(lambda: not is_alive(pids["loop"]), timeout=30, what="the loop stopped")
     eventually(lambda: not is_alive(pids["keeper"]), timeout=30, what="the keeper ended")
+    assert f"serve (pid {parent.pid}) is gone: the loop stops" in err.read_text()
 
 
 def test_no_keeper_is_forked_from_a_process_that_runs_threads() -> None:
@@ -171,3 +185,75 @@ def test_no_keeper_is_forked_from_a_process_that_runs_threads() -> None:
     finally:
         release.set()
         other.join()
+
+
+SUPERVISED_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    from pathlib import Path
+    from webhook.cli.keeper import Keeper
+    from webhook.cli.serve import LoopSupervisor
+
+    marker = Path(sys.argv[1])
+
+    def run(word_fd, parent):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a loop that outlasts its grace
+        marker.write_text(str(os.getpid()))
+        time.sleep(600)
+        return 0
+
+    keeper = Keeper(run)
+    # Were the loop started as a process of its own, it would say so in the marker.
+    spawned = [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('spawned')"]
+    sup = LoopSupervisor(spawned, {}, grace=1, keeper=keeper)
+    if sys.argv[2] == "stopped first":
+        sup.stop()
+        sup.start()
+        sup.thread.join(30)
+        print(json.dumps({"proc": sup.proc is not None, "marker": marker.exists()}))
+        sys.exit(0)
+    sup.start()
+    while not marker.exists():
+        time.sleep(0.05)
+    loop = int(marker.read_text())
+    sup.stop()
+    sup.thread.join(30)
+    try:
+        os.waitpid(keeper.pid, os.WNOHANG)
+        reaped = False
+    except ChildProcessError:
+        reaped = True
+    print(json.dumps({
+        "code": sup.proc.returncode, "supervising": sup.thread.is_alive(),
+        "loop_alive": Path(f"/proc/{loop}").exists(), "keeper_reaped": reaped,
+        "marker": marker.read_text(),
+    }))
+    """
+)
+
+
+def supervised(tmp_path: Path, case: str) -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, "-c", SUPERVISED_SCRIPT, str(tmp_path / "marker"), case],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    result: dict[str, object] = json.loads(out.stdout)
+    return result
+
+
+def test_a_loop_that_outlasts_its_grace_at_serve_s_stop_is_killed_and_the_keeper_reaped(
+    tmp_path: Path,
+) -> None:
+    said = supervised(tmp_path, "outlasts")
+    assert said["code"] == -signal.SIGKILL, said
+    assert said["supervising"] is False, said  # not started again, in any way
+    assert said["loop_alive"] is False, said
+    assert said["keeper_reaped"] is True, said
+    assert said["marker"] != "spawned", said
+
+
+def test_a_supervisor_stopped_before_it_starts_starts_no_loop(tmp_path: Path) -> None:
+    assert supervised(tmp_path, "stopped first") == {"proc": False, "marker": False}

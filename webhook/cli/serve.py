@@ -22,7 +22,7 @@ import click
 from gunicorn.app.base import BaseApplication
 
 from webhook.cli.common import config_of, config_option, policy_of, policy_option
-from webhook.cli.keeper import ForkedLoop, Keeper, KeeperGone
+from webhook.cli.keeper import ForkedLoop, Keeper, KeeperGone, RunLoop
 from webhook.core.policy import Policy
 from webhook.executor import cgroup
 from webhook.executor.cgroup import RUN_CGROUP_ENV, RunGroup
@@ -134,6 +134,8 @@ class LoopSupervisor:
         # gone, a process of its own (`argv`, `env`).
         self.keeper = keeper
         self.stopping = threading.Event()
+        # A stop waits for a launch under way, and sees the loop it launched: none starts after.
+        self._launching = threading.Lock()
         self.proc: subprocess.Popen[bytes] | ForkedLoop | None = None
         self.thread = threading.Thread(target=self._run, name="loop-supervisor", daemon=True)
 
@@ -147,7 +149,11 @@ class LoopSupervisor:
             started = time.monotonic()
             said, write = os.pipe()
             try:
-                self.proc = self._launch(write)
+                with self._launching:
+                    if self.stopping.is_set():
+                        os.close(said)
+                        return
+                    self.proc = self._launch(write)
             finally:
                 os.close(write)
             code = self.proc.wait()
@@ -176,16 +182,16 @@ class LoopSupervisor:
             delay = min(delay * 2, 60.0)
 
     def _launch(self, word_fd: int) -> subprocess.Popen[bytes] | ForkedLoop:
-        if self.keeper is not None:
+        if (keeper := self.keeper) is not None:
             try:
-                return self.keeper.start(word_fd)
+                return keeper.start(word_fd)
             except KeeperGone as e:
                 logging.getLogger("slurmedic.serve").error(
                     "the loop's keeper is gone (%s): each loop is started as a process of its "
                     "own from now on",
                     e,
                 )
-                self.keeper.close()
+                keeper.close()
                 self.keeper = None
         return subprocess.Popen(
             self.argv, env={**self.env, WORD_FD_ENV: str(word_fd)}, pass_fds=(word_fd,)
@@ -193,14 +199,18 @@ class LoopSupervisor:
 
     def stop(self) -> None:
         self.stopping.set()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        with self._launching:
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
             try:
-                self.proc.wait(self.grace)
+                proc.wait(self.grace)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-        if self.keeper is not None:
-            self.keeper.end()
+                proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10)
+        if (keeper := self.keeper) is not None:
+            keeper.end()
 
 
 def _read_all(fd: int) -> bytes:
@@ -338,7 +348,8 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
     orphaned = threading.Event()
 
     def orphan() -> None:
-        orphaned.set()
+        if not replica.halted.is_set():  # told to stop first: that is how it ends
+            orphaned.set()
         replica.halt()
 
     if parent := os.environ.pop(PARENT_ENV, ""):
@@ -401,6 +412,7 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
     os.environ[METRICS_DIR_ENV] = metrics_dir
     serve_pid = os.getpid()
     loop: LoopSupervisor | None = None
+    grace = config.executor.timeout_seconds + 10  # a stop does not cut a playbook short
     try:
         # Each loop is forked by the keeper, forked here before any thread, from a serve that
         # has imported what a loop runs: its pages are shared with this process and its web
@@ -408,7 +420,8 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
         _import_what_runs(config)
         keeper: Keeper | None
         try:
-            keeper = Keeper(_forked_loop(args))
+            # A loop orphaned by its keeper's end may finish its playbooks, as at a stop.
+            keeper = Keeper(_forked_loop(args), orphan_grace=grace)
         except KeeperGone as e:
             click.echo(f"each loop a process of its own: {e}", err=True)
             keeper = None
@@ -419,7 +432,7 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
                 **{k: v for k, v in os.environ.items() if k != METRICS_DIR_ENV},
                 PARENT_ENV: str(os.getpid()),
             },
-            grace=config.executor.timeout_seconds + 10,  # a stop does not cut a playbook short
+            grace=grace,
             keeper=keeper,
         )
         loop.start()
@@ -454,13 +467,15 @@ def _import_what_runs(config: ServiceConfig) -> None:
     import webhook.service.verify  # noqa: F401
 
 
-def _forked_loop(args: list[str]) -> Callable[[int], int]:
-    """What a loop the keeper forks runs: `slurmedic loop` with serve's arguments, as a loop
-    started as a process of its own would, its word pipe `word_fd`; its parent is the keeper."""
+def _forked_loop(args: list[str]) -> RunLoop:
+    """What a loop the keeper forks runs: `slurmedic loop` with serve's arguments and its
+    environment, as a loop started as a process of its own would, its word pipe `word_fd`, its
+    parent the keeper."""
 
-    def run(word_fd: int) -> int:
+    def run(word_fd: int, parent: int) -> int:
+        os.environ.pop(METRICS_DIR_ENV, None)  # the web workers' metrics, not the loop's
         os.environ[WORD_FD_ENV] = str(word_fd)
-        os.environ[PARENT_ENV] = str(os.getppid())
+        os.environ[PARENT_ENV] = str(parent)
         loop_cmd.main(args=args, prog_name="slurmedic loop", standalone_mode=True)
         return 0
 
