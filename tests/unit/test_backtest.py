@@ -76,6 +76,10 @@ def test_who_took_a_node_out_of_service():
     assert ev("Not responding").by == "slurm"
     assert ev("bad HBM", "ops").by == "person"
     assert ev("").by == "slurm"
+    # A drained node that then stops answering: Slurm's reason added to the person's (seen in
+    # the lab under load: the same drain, a new event by root).
+    assert ev("bad HBM : Not responding").by == "slurm"
+    assert ev("bad HBM : waiting for RMA", "ops").by == "person"
 
 
 def test_attempts_are_numbered_by_their_start_unless_slurm_gave_their_restart_count():

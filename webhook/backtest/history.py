@@ -44,6 +44,7 @@ SLURM_REASONS = (
     "reboot",
     "nhc:",
 )
+SLURM_ADDED = " : "  # how Slurm joins a reason it adds to a node's earlier one
 
 
 def utc(t: float) -> datetime:
@@ -190,7 +191,11 @@ class NodeEvent:
         reason = self.reason.strip().lower()
         if reason.startswith(SLURMEDIC_REASON):
             return "slurmedic"
-        if not reason or any(reason.startswith(r) for r in SLURM_REASONS):
+        # A node already out that stops answering too: Slurm adds its own reason to the one it
+        # had ("bad HBM : Not responding", under the user slurmctld runs as), and the new state
+        # is a new event. That event is Slurm's; the person's drain is the one before it.
+        latest = reason.rsplit(SLURM_ADDED, 1)[-1]
+        if not reason or any(latest.startswith(r) for r in SLURM_REASONS):
             return "slurm"
         return "person"
 
