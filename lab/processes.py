@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from lab.config import MARKER_ENV, LabConfig
+from webhook.cli.keeper import running
 
 
 def port_in_use(port: int) -> bool:
@@ -30,14 +31,7 @@ def port_in_use(port: int) -> bool:
     return False
 
 
-def is_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # The state letter follows the parenthesised command name, which may hold spaces.
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
+is_alive = running  # alive and not a zombie: the keeper's reading of /proc
 
 
 def read_pid(cfg: LabConfig, name: str) -> int | None:

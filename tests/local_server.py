@@ -102,7 +102,7 @@ def stop_server(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> Non
 def serve_children(pid: int, *, loop: bool) -> list[int]:
     """The processes `slurmedic serve` (`pid`) started: its loop (`loop`: forked by its keeper,
     or started as a process of its own once the keeper has gone), or its web workers."""
-    keepers = [p for p in _children(pid) if _comm(p) == KEEPER_NAME]
+    keepers = [p for p in _children(pid) if comm(p) == KEEPER_NAME]
     if loop:
         return [p for p in _children(pid, *keepers) if _is_loop(p)]
     return [p for p in _children(pid) if p not in keepers and not _is_loop(p)]
@@ -116,7 +116,7 @@ def _children(*parents: int) -> list[int]:
     ]
 
 
-def _comm(pid: int) -> str:
+def comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
@@ -128,4 +128,4 @@ def _is_loop(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return _comm(pid) == LOOP_NAME or b"loop" in cmdline
+    return comm(pid) == LOOP_NAME or b"loop" in cmdline

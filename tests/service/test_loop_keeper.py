@@ -19,12 +19,8 @@ import requests
 
 from lab.processes import is_alive, parent_of
 from tests.lab.conftest import eventually
-from tests.local_server import serve_children, start_server, stop_server
+from tests.local_server import comm, serve_children, start_server, stop_server
 from webhook.cli.keeper import KEEPER_NAME, LOOP_NAME, Keeper, KeeperGone
-
-
-def comm(pid: int) -> str:
-    return Path(f"/proc/{pid}/comm").read_text().strip()
 
 
 def memory_kb(pid: int) -> dict[str, int]:

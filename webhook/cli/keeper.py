@@ -93,7 +93,7 @@ class Keeper:
         except (OSError, ValueError) as e:  # gone, or closed here (serve's stop)
             raise KeeperGone(str(e)) from e
         words = self._line(None)
-        if words is None or words[0] != "started":  # "refused": a loop of its still runs
+        if not words or words[0] != "started":  # "refused": a loop of its still runs
             raise KeeperGone(f"the keeper answered {' '.join(words or [])!r} to a start")
         return ForkedLoop(self, int(words[1]))
 
@@ -196,11 +196,7 @@ class ForkedLoop:
         """Alive and not a zombie (an orphan's status may never be read: init's to reap)."""
         if self._pidfd is not None:  # readable once the process has ended
             return not select.select([self._pidfd], [], [], 0)[0]
-        try:
-            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state not in ("Z", "X")
+        return running(self.pid)
 
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)
@@ -216,6 +212,16 @@ class ForkedLoop:
                 signal.pidfd_send_signal(self._pidfd, sig)
             else:
                 os.kill(self.pid, sig)
+
+
+def running(pid: int) -> bool:
+    """`pid` alive and not a zombie (/proc's state: an orphan's status may never be read)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state letter follows the parenthesised command name, which may hold spaces.
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _flush() -> None:

@@ -14,22 +14,32 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 from gunicorn.app.base import BaseApplication
 
+# What the loop runs, imported here at the top: `serve` holds it before it forks the keeper,
+# and every loop the keeper forks shares it (webhook/cli/keeper.py).
+from webhook.adapters.prometheus import Prometheus
+from webhook.adapters.slurm import SlurmCluster
 from webhook.cli.common import config_of, config_option, policy_of, policy_option
 from webhook.cli.keeper import ForkedLoop, Keeper, KeeperGone, RunLoop
 from webhook.core.policy import Policy
 from webhook.executor import cgroup
 from webhook.executor.cgroup import RUN_CGROUP_ENV, RunGroup
+from webhook.executor.dispatch import Dispatcher
+from webhook.executor.runner import INVENTORY
+from webhook.ledger.settings import CorruptSetting
+from webhook.ledger.store import Ledger, LoopRefused, Unavailable
 from webhook.service.config import REPLICA_ENV, ConfigError, ServiceConfig
-
-if TYPE_CHECKING:
-    from webhook.ledger.store import Ledger
+from webhook.service.leadership import Replica
+from webhook.service.loop import LiveLoop, monitor_forced
+from webhook.service.notify import Notifier
+from webhook.service.verify import Verifier
 
 
 def _worker_exit(_server: Any, worker: Any) -> None:
@@ -259,11 +269,6 @@ def _stop_when_orphaned(parent: int, halt: Callable[[], None]) -> None:
 
 
 def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) -> None:
-    from webhook.adapters.slurm import SlurmCluster
-    from webhook.ledger.store import Ledger
-    from webhook.service.leadership import Replica
-    from webhook.service.loop import LiveLoop, monitor_forced
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     ledger = Ledger(config.database_url)
     ledger.lock_for_loop()  # SQLite: one loop a file (LoopRefused otherwise)
@@ -287,9 +292,6 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
         fenced by the term (every part of the loop writes through it)."""
         dispatcher = None
         if config.executor.enabled:
-            from webhook.executor.dispatch import Dispatcher
-            from webhook.executor.runner import INVENTORY
-
             dispatcher = Dispatcher(
                 ledger,
                 slurm_env=config.cluster.slurm_env(),
@@ -305,16 +307,9 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
             )
         verifier = None
         if config.verification.prometheus_url:
-            from webhook.adapters.prometheus import Prometheus
-            from webhook.service.verify import Verifier
-
             verifier = Verifier(ledger, Prometheus(config.verification.prometheus_url), policy)
         notifier = None
         if config.notify.alertmanager_url:
-            from datetime import timedelta
-
-            from webhook.service.notify import Notifier
-
             notifier = Notifier(
                 ledger,
                 config.notify.alertmanager_url,
@@ -388,7 +383,6 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
     except ConfigError as e:
         raise click.ClickException(str(e)) from e
     policy_of(policy_path or config.policy_file)  # a bad policy fails here, named, not later
-    from webhook.ledger.store import Ledger, LoopRefused, Unavailable
 
     try:
         ledger = Ledger(config.database_url)  # the tables made once, before workers race to it
@@ -417,7 +411,7 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
         # Each loop is forked by the keeper, forked here before any thread, from a serve that
         # has imported what a loop runs: its pages are shared with this process and its web
         # workers. gunicorn forks its workers from here too, and they must not inherit a loop.
-        _import_what_runs(config)
+        _import_the_app(config)
         keeper: Keeper | None
         try:
             # A loop orphaned by its keeper's end may finish its playbooks, as at a stop.
@@ -446,25 +440,16 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
                 loop.stop()
 
 
-def _import_what_runs(config: ServiceConfig) -> None:
-    """What a loop imports (run_loop, make_loop) and what the web app does (create_app), imported
-    in serve before the keeper's fork: what serve loads after it is the keeper's to keep a copy
-    of, a page at a time, as serve writes to it."""
+def _import_the_app(config: ServiceConfig) -> None:
+    """What the web app imports when gunicorn's master makes it (create_app), imported before
+    the keeper's fork (the loop's own imports are this module's): what serve loads after the
+    fork is the keeper's to keep a copy of, a page at a time, as serve writes to it."""
     import webhook.app.alerts
     import webhook.app.health
     import webhook.app.metrics
 
     if config.console.enabled:
-        import webhook.app.console
-    import webhook.adapters.prometheus
-    import webhook.adapters.slurm
-    import webhook.executor.dispatch
-    import webhook.executor.runner
-    import webhook.ledger.settings
-    import webhook.service.leadership
-    import webhook.service.loop
-    import webhook.service.notify
-    import webhook.service.verify  # noqa: F401
+        import webhook.app.console  # noqa: F401
 
 
 def _forked_loop(args: list[str]) -> RunLoop:
@@ -488,8 +473,6 @@ def _forked_loop(args: list[str]) -> RunLoop:
 def loop_cmd(config_path: Path | None, policy_path: Path | None) -> None:
     """Run the live loop alone (`serve` runs it beside the webhook)."""
     config = config_of(config_path)
-    from webhook.ledger.settings import CorruptSetting
-    from webhook.ledger.store import LoopRefused
 
     word_fd = _word_to_serve()
     try:
