@@ -64,8 +64,8 @@ def _closing_oversized(limit: int) -> Callable[[Any, Any], None]:
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
-    def __init__(self, config: ServiceConfig, ledger: Ledger, keeper: Keeper | None) -> None:
-        self.service, self.ledger, self.keeper = config, ledger, keeper
+    def __init__(self, config: ServiceConfig, app: Any, keeper: Keeper | None) -> None:
+        self.service, self.app, self.keeper = config, app, keeper
         super().__init__()
 
     def load_config(self) -> None:
@@ -93,17 +93,10 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         self.cfg.set("limit_request_field_size", 65536)
 
     def load(self) -> Any:
-        from webhook.app import create_app
-
-        app = create_app(self.service, self.ledger)
-        # Loaded in the master, which serves nothing: it keeps no ledger connection for its
-        # workers to inherit (one connection used by two processes corrupts its state); each
-        # worker opens its own.
-        self.ledger.release()
-        # Out of the collector's reach, so that it does not make each worker's copy of them
-        # private: the workers are forked from here next.
+        # What gunicorn made since serve froze the app: out of the collector's reach too,
+        # before the workers are forked from here.
         gc.freeze()
-        return app
+        return self.app
 
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's, for its multiprocess mode
@@ -411,7 +404,7 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
         # Each loop is forked by the keeper, forked here before any thread, from a serve that
         # has imported what a loop runs: its pages are shared with this process and its web
         # workers. gunicorn forks its workers from here too, and they must not inherit a loop.
-        _import_the_app(config)
+        app = _the_app(config, ledger)
         keeper: Keeper | None
         try:
             # A loop orphaned by its keeper's end may finish its playbooks, as at a stop.
@@ -430,7 +423,7 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
             keeper=keeper,
         )
         loop.start()
-        _Gunicorn(config, ledger, keeper).run()  # the app's ledger: released before the fork
+        _Gunicorn(config, app, keeper).run()
     finally:
         # A worker that ends (stopped, or started again after a timeout) leaves through here
         # too, as a fork of this process: the metrics and the loop are serve's to end.
@@ -440,16 +433,18 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
                 loop.stop()
 
 
-def _import_the_app(config: ServiceConfig) -> None:
-    """What the web app imports when gunicorn's master makes it (create_app), imported before
-    the keeper's fork (the loop's own imports are this module's): what serve loads after the
-    fork is the keeper's to keep a copy of, a page at a time, as serve writes to it."""
-    import webhook.app.alerts
-    import webhook.app.health
-    import webhook.app.metrics
+def _the_app(config: ServiceConfig, ledger: Ledger) -> Any:
+    """The web app, made before the keeper's fork: what serve makes after it is the keeper's
+    to keep a copy of, a page at a time, as serve writes to it (the loop's own imports are
+    this module's). gunicorn's master serves it to its workers (preload_app)."""
+    from webhook.app import create_app
 
-    if config.console.enabled:
-        import webhook.app.console  # noqa: F401
+    app = create_app(config, ledger)
+    # The master serves nothing: it keeps no ledger connection for the keeper or a worker to
+    # inherit (one connection used by two processes corrupts its state); each worker opens
+    # its own.
+    ledger.release()
+    return app
 
 
 def _forked_loop(args: list[str]) -> RunLoop:
