@@ -82,6 +82,33 @@ def test_with_its_keeper_killed_serve_starts_its_loop_as_a_process_of_its_own(
         stop_server(server.proc)
 
 
+def test_a_hangup_of_serve_s_terminal_stops_neither_its_keeper_nor_its_loop(
+    tmp_path: Path,
+) -> None:
+    server = start_server(tmp_path)
+    try:
+        (loop,) = serve_children(server.proc.pid, loop=True)
+        keeper = parent_of(loop)
+        assert keeper is not None
+        workers = set(serve_children(server.proc.pid, loop=False))
+        assert workers
+        # To the whole process group, as a closing terminal sends it (serve leads its own).
+        os.killpg(server.proc.pid, signal.SIGHUP)
+        # gunicorn's master takes it as its reload and replaces its workers: by then each
+        # process of the group has had the signal (SIGHUP's default would have ended it).
+        eventually(
+            lambda: not workers & set(serve_children(server.proc.pid, loop=False)),
+            timeout=60,
+            what="gunicorn's workers replaced",
+        )
+        assert is_alive(keeper) and is_alive(loop)
+        assert serve_children(server.proc.pid, loop=True) == [loop]
+        assert requests.get(f"{server.url}/readyz", timeout=5).status_code == 200
+        assert "keeper is gone" not in (tmp_path / "serve.out").read_text()
+    finally:
+        stop_server(server.proc)
+
+
 # A process that forks a keeper and asks it for a loop N times (argv), each ending as HOW says
 # (the keeper's environment), then prints what the keeper said of each; with ORPHAN set, it
 # leaves the first loop running and ends without a word.

@@ -224,6 +224,14 @@ def running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def carry_on_after_hangup() -> None:
+    """A hangup (SIGHUP to serve's process group: the terminal it ran in closed) is not a stop:
+    gunicorn's master takes it as its reload, and the keeper and serve's loop carry on. A
+    handler, not SIG_IGN: what the loop executes (ansible-runner's runs, whose end pexpect
+    starts with a SIGHUP) gets the default back at its exec, as a handler is not inherited."""
+    signal.signal(signal.SIGHUP, lambda _sig, _frame: None)
+
+
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -242,6 +250,7 @@ def _keep(sock: socket.socket, run_loop: RunLoop) -> NoReturn:
         # not ignored: a loop inherits the mask, and one sent to it before it has its handlers
         # waits for them (ignored, it would be lost).
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+        carry_on_after_hangup()
         loop: int | None = None
 
         def say(line: str) -> bool:

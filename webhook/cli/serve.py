@@ -27,7 +27,7 @@ from gunicorn.app.base import BaseApplication
 from webhook.adapters.prometheus import Prometheus
 from webhook.adapters.slurm import SlurmCluster
 from webhook.cli.common import config_of, config_option, policy_of, policy_option
-from webhook.cli.keeper import ForkedLoop, Keeper, KeeperGone, RunLoop
+from webhook.cli.keeper import ForkedLoop, Keeper, KeeperGone, RunLoop, carry_on_after_hangup
 from webhook.core.policy import Policy
 from webhook.executor import cgroup
 from webhook.executor.cgroup import RUN_CGROUP_ENV, RunGroup
@@ -80,7 +80,8 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         if "control_socket_disable" in self.cfg.settings:
             self.cfg.set("control_socket_disable", True)
         # The app is loaded once, in the master, and the workers share its pages (the imports
-        # are most of a worker's memory). See `load` for the ledger's connections.
+        # are most of a worker's memory). It serves nothing: it holds no ledger connection
+        # for a worker to inherit (`serve` released them), and each worker opens its own.
         self.cfg.set("preload_app", True)
         self.cfg.set("child_exit", _worker_exit)
         # A worker is a fork of serve: it would hold serve's end of the keeper's socket, and the
@@ -340,7 +341,8 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
             orphaned.set()
         replica.halt()
 
-    if parent := os.environ.pop(PARENT_ENV, ""):
+    if parent := os.environ.pop(PARENT_ENV, ""):  # serve's loop
+        carry_on_after_hangup()
         threading.Thread(
             target=_stop_when_orphaned, args=(int(parent), orphan), daemon=True
         ).start()
@@ -383,7 +385,9 @@ def serve(config_path: Path | None, policy_path: Path | None) -> None:
         ledger.unlock_loop()
     except (Unavailable, LoopRefused) as e:  # a mistyped path, an unreachable PostgreSQL
         raise click.ClickException(str(e)) from e
-    ledger.release()  # nothing of it for the keeper to inherit
+    # Nothing of it for the keeper, a loop or a web worker to inherit: one connection used by
+    # two processes corrupts its state.
+    ledger.release()
     # The replica's name, for its loop and its web workers alike.
     os.environ[REPLICA_ENV] = config.replica_name()
     # Before anything is started: on cgroup v2, serve moves itself to a leaf, alone.
@@ -439,12 +443,7 @@ def _the_app(config: ServiceConfig, ledger: Ledger) -> Any:
     this module's). gunicorn's master serves it to its workers (preload_app)."""
     from webhook.app import create_app
 
-    app = create_app(config, ledger)
-    # The master serves nothing: it keeps no ledger connection for the keeper or a worker to
-    # inherit (one connection used by two processes corrupts its state); each worker opens
-    # its own.
-    ledger.release()
-    return app
+    return create_app(config, ledger)  # it opens no connection: the ledger stays released
 
 
 def _forked_loop(args: list[str]) -> RunLoop:

@@ -50,8 +50,8 @@ REPLAY_HORIZON = timedelta(hours=1)
 LATE_IDS = 1000  # how far back the loop looks again for alert rows committed late
 # Alerts read from the ledger at a time. What the loop keeps of each is small (the engine's
 # `seen`); a read's rows and their models are not, and the allocator keeps the arenas of the
-# largest read for the rest of the process: 20,000 alerts read 5,000 at a time left the loop
-# 20 MB larger, 1,000 at a time 12 MB, for the same CPU (bench/peer_eda.py, docs/peer-eda.md).
+# largest read for the rest of the process: 22,000 alerts read 5,000 at a time left the loop
+# 20 MB larger, 1,000 at a time 12 MB, for the same CPU (docs/peer-eda.md).
 READ_BATCH = 1000
 
 
