@@ -31,14 +31,21 @@ def memory_kb(pid: int) -> dict[str, int]:
     return fields
 
 
+def loop_and_keeper(pid: int) -> tuple[int, int]:
+    """serve's (`pid`) loop, and that loop's parent."""
+    (loop,) = serve_children(pid, loop=True)
+    keeper = parent_of(loop)
+    assert keeper is not None
+    return loop, keeper
+
+
 def test_the_loop_is_forked_by_serve_s_keeper_and_shares_what_serve_imported(
     tmp_path: Path,
 ) -> None:
     server = start_server(tmp_path)
     try:
-        (loop,) = serve_children(server.proc.pid, loop=True)
-        keeper = parent_of(loop)
-        assert keeper is not None and parent_of(keeper) == server.proc.pid
+        loop, keeper = loop_and_keeper(server.proc.pid)
+        assert parent_of(keeper) == server.proc.pid
         assert (comm(keeper), comm(loop)) == (KEEPER_NAME, LOOP_NAME)
         # A loop started as a process of its own holds its imports alone (some 54 MB private,
         # 18 shared, measured); forked, most of its pages are serve's too.
@@ -55,9 +62,7 @@ def test_with_its_keeper_killed_serve_starts_its_loop_as_a_process_of_its_own(
 ) -> None:
     server = start_server(tmp_path, replicas={"name": "replica-a", "lease_seconds": 3})
     try:
-        (loop,) = serve_children(server.proc.pid, loop=True)
-        keeper = parent_of(loop)
-        assert keeper is not None
+        loop, keeper = loop_and_keeper(server.proc.pid)
         os.kill(keeper, signal.SIGKILL)
         # The orphaned loop sees its parent change and stops by itself (serve would kill it
         # only after executor.timeout_seconds + 10, 130 s here).
@@ -87,9 +92,7 @@ def test_a_hangup_of_serve_s_terminal_stops_neither_its_keeper_nor_its_loop(
 ) -> None:
     server = start_server(tmp_path)
     try:
-        (loop,) = serve_children(server.proc.pid, loop=True)
-        keeper = parent_of(loop)
-        assert keeper is not None
+        loop, keeper = loop_and_keeper(server.proc.pid)
         workers = set(serve_children(server.proc.pid, loop=False))
         assert workers
         # To the whole process group, as a closing terminal sends it (serve leads its own).
