@@ -65,9 +65,10 @@ def test_cluster_show_is_what_slurm_says(
     lab_cfg: LabConfig, submit: Callable[..., int], clean_faults: None
 ) -> None:
     """On this stack's Slurm: the release, nodes (state, partitions, drain reason, switch) and
-    jobs (state, expanded nodes, restarts after a requeue, requeue flag, comment, times)."""
+    jobs (state, expanded nodes, its owner's exclusions, restarts after a requeue, requeue flag,
+    comment, times)."""
     comment = json.dumps({"slurmedic": {"max_requeues": 1}})
-    job = submit(nodes=2, comment=comment)
+    job = submit(nodes=2, comment=comment, exclude="gpu0[5-6]")
     held = submit(nodes=1, partition="debug", requeue=False)
     nodes = running_nodes(lab_cfg, job)
     running_nodes(lab_cfg, held)
@@ -95,6 +96,8 @@ def test_cluster_show_is_what_slurm_says(
     jobs = {j["id"]: j for j in view["jobs"]}
     mine = jobs[job]
     assert mine["state"] == "RUNNING" and mine["nodes"] == nodes
+    assert mine["excluded"] == ["gpu05", "gpu06"] and not {"gpu05", "gpu06"} & set(nodes)
+    assert jobs[held]["excluded"] == []
     assert (mine["restarts"], mine["requeue"], mine["comment"]) == (1, True, comment)
     assert mine["partition"] == "train" and mine["user"] == "root" and mine["ended"] is None
     assert datetime.fromisoformat(mine["started"]).tzinfo is not None

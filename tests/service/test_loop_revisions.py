@@ -327,6 +327,43 @@ def test_rule_five_s_judgement_outlives_a_restart(tmp_path: Path, requeue_away: 
         assert made == [("escalate", "shared_infrastructure", ())]
 
 
+def test_a_requeue_off_a_switch_leaves_the_owner_s_exclusion_to_slurm(tmp_path: Path) -> None:
+    """Job 42 was submitted with `--exclude=gpu04` (leaf1) and runs on gpu01-03, gpu05-09;
+    leaf1's storm is escalated, and the job then fails: it is requeued off leaf1's nodes but
+    gpu04, which Slurm keeps excluded for its owner (slurmedic never readmits it)."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": True}})
+    clock, jobs = Clock(), {42: "RUNNING"}
+
+    def owners() -> ClusterView:
+        v = leaves(jobs)
+        on = ("gpu01", "gpu02", "gpu03", "gpu05", "gpu06", "gpu07", "gpu08", "gpu09")
+        v.set_job(replace(v.jobs[42], nodes=on, excluded=frozenset({"gpu04"})))
+        return v
+
+    live = LiveLoop(ledger, policy, owners, clock=clock, refresh_seconds=0)
+    clock.now = T0 + timedelta(seconds=20)
+    deliver(ledger, clock.now, *(port_down(n, T0) for n in ("gpu01", "gpu02", "gpu03")))
+    live.step()
+    clock.now += timedelta(seconds=10)
+    assert [(d.action, d.cause) for d in live.step()] == [("escalate", "shared_infrastructure")]
+    clock.now = T0 + timedelta(minutes=2)
+    jobs[42] = "FAILED"
+    failed = {"alertname": "TrainingTaskFailed", "signal": "app_error", "node": "gpu05"}
+    deliver(
+        ledger,
+        clock.now,
+        {"startsAt": clock.now.isoformat(), "labels": {**failed, "slurm_job_id": "42"}},
+    )
+    (requeue,) = [d for d in steps(live, clock) if d.action == "requeue"]
+    assert (requeue.cause, requeue.exclude) == (
+        "shared_infrastructure",
+        ("gpu01", "gpu02", "gpu03"),
+    )
+    assert "gpu04 excluded by the job's own list already" in requeue.reason
+    assert live.engine.guards.ever_excluded(42) == {"gpu01", "gpu02", "gpu03"}
+
+
 def leaf_loop(ledger: Ledger, policy: Policy, clock: Clock, jobs: dict[int, str]) -> LiveLoop:
     """A loop (a start of serve) on `leaves`, job 42 in the state `jobs` says."""
     return LiveLoop(ledger, policy, lambda: leaves(jobs), clock=clock, refresh_seconds=0)

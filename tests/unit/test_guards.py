@@ -896,6 +896,38 @@ def test_room_counts_the_nodes_a_requeue_readmits() -> None:
     assert g.room(readmitted, c) == g.Outcome((readmitted,))
 
 
+def test_a_requeue_leaves_the_owner_s_exclusions_to_slurm_and_never_readmits_them() -> None:
+    """Job 7 was submitted with `--exclude=gpu05,gpu09` and requeued off gpu03's switch
+    (gpu03, gpu05) 25 hours ago: gpu05 was its owner's already, gpu03 slurmedic's."""
+    owner = job("FAILED", excluded=frozenset({"gpu05", "gpu09"}))
+    off = replace(planned(ctx(GPU, owner), "requeue"), cause=SHARED, exclude=("gpu03", "gpu05"))
+    c = ctx(GPU, owner)
+    (d,) = g.owners_exclusions(off, c).decisions
+    assert (d.action, d.guard, d.exclude) == ("requeue", None, ("gpu03",))
+    assert d.reason.endswith("; gpu05 excluded by the job's own list already")
+    # What slurmedic excluded itself is its own, also once Slurm's list shows it.
+    earlier = (PastAction(T0 - timedelta(hours=25), "requeue", 7, exclude=d.exclude, cause=SHARED),)
+    shown = replace(owner, excluded=owner.excluded | {"gpu03"})
+    again = ctx(GPU, shown, history=earlier)
+    assert g.owners_exclusions(off, again).decisions[0].exclude == ("gpu03",)
+    # A day on, the switch's time has passed: slurmedic readmits gpu03, never gpu05.
+    (back,) = g.readmit(planned(again, "requeue"), again).decisions
+    assert back.readmit == ("gpu03",)
+    # Without the owner's list (a view that does not read it), nothing changes.
+    assert g.owners_exclusions(off, ctx(GPU, job("FAILED"))) == g.Outcome((off,))
+
+
+def test_room_counts_the_owner_s_exclusions() -> None:
+    """A requeue away from gpu01-02's switch: the owner excluded gpu03-10, so one node of the
+    partition (both01) is left for a 2-node job."""
+    owner = job("FAILED", excluded=frozenset(f"gpu{i:02}" for i in range(3, 11)))
+    c = ctx(GPU, owner)
+    away = replace(planned(c, "requeue"), cause=SHARED, exclude=("gpu01", "gpu02"))
+    assert summary(g.room(away, c)) == [("none", "no_room", (), ())]
+    fewer = ctx(GPU, replace(owner, excluded=frozenset({"gpu03"})))
+    assert g.room(away, fewer) == g.Outcome((away,))
+
+
 @pytest.mark.parametrize(
     ("state", "base", "ended", "refused"),
     [

@@ -102,6 +102,21 @@ def test_view_of_each_release(tmp_path: Path, release: str) -> None:
     assert (pending.state, pending.restarts, pending.started) == ("PENDING", 0, None)
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_job_s_exclusions_are_read_expanded(release: str) -> None:
+    """Its ExcNodeList as each release prints it (a hostlist string; empty when none)."""
+    data = json.loads(
+        (DATA / release / ("squeue.json" if release < "23" else "jobs.json")).read_text()
+    )
+    record = data["jobs"][0]
+    assert record["excluded_nodes"] == ""  # the captures' jobs excluded nothing
+    (job,) = read_jobs({**data, "jobs": [record]}, Release.parse(release), ("squeue",))
+    assert job.excluded == frozenset()
+    record = {**record, "excluded_nodes": "gpu[05-06],gpu08"}
+    (job,) = read_jobs({**data, "jobs": [record]}, Release.parse(release), ("squeue",))
+    assert job.excluded == {"gpu05", "gpu06", "gpu08"}
+
+
 @pytest.mark.parametrize(
     ("raw", "flags", "base", "rest"),
     [

@@ -356,6 +356,7 @@ def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -
                     partition=_text(j.get("partition")),
                     state=state,
                     nodes=expand(_text(j.get("nodes"))),
+                    excluded=frozenset(expand(_text(j.get("excluded_nodes")))),
                     restarts=number(j.get("restart_cnt")) or 0,
                     requeue=requeue if isinstance(requeue, bool) else bool(number(requeue)),
                     comment=_text(j.get("comment")),

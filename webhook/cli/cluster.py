@@ -52,6 +52,7 @@ def as_json(snap: SlurmSnapshot, view: ClusterView) -> dict[str, Any]:
                 "partition": j.partition,
                 "state": j.state,
                 "nodes": list(j.nodes),
+                "excluded": sorted(j.excluded),
                 "restarts": j.restarts,
                 "requeue": j.requeue,
                 "comment": j.comment,
@@ -84,7 +85,8 @@ def show(config_path: Path | None, as_json_flag: bool) -> None:
     for n in sorted(view.nodes.values(), key=lambda n: n.name):
         nodes.add_row(n.name, n.state, ",".join(n.partitions), n.switch or "", n.reason)
     jobs = Table(title="jobs")
-    for col in ("job", "name", "user", "partition", "state", "nodes", "restarts", "requeue"):
+    columns = ("job", "name", "user", "partition", "state", "nodes", "excluded", "restarts")
+    for col in (*columns, "requeue"):
         jobs.add_column(col)
     for j in sorted(view.jobs.values(), key=lambda j: j.id):
         jobs.add_row(
@@ -94,6 +96,7 @@ def show(config_path: Path | None, as_json_flag: bool) -> None:
             j.partition,
             j.state,
             ",".join(j.nodes),
+            ",".join(sorted(j.excluded)),
             str(j.restarts),
             "yes" if j.requeue else "no",
         )

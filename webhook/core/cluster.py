@@ -104,6 +104,9 @@ class Job:
     # Slurm's base state when `state` names a flag (CANCELLED while the job is COMPLETING);
     # empty when it is `state`, or unknown (22.05 prints one word).
     base: str = ""
+    # The nodes the job may not run on (its ExcNodeList): its owner's `--exclude`, a person's,
+    # and slurmedic's own requeues'.
+    excluded: frozenset[str] = frozenset()
 
     @property
     def attempt(self) -> str:

@@ -283,6 +283,11 @@ class GuardState:
         them for every attempt."""
         return set(self._exclusions(job))
 
+    def ever_excluded(self, job: int) -> set[str]:
+        """Every node the job's requeues excluded, readmitted since or not."""
+        mine = self._index.of_job(self.history, job)
+        return {n for h in mine if h.action == "requeue" for n in h.exclude}
+
     def exclusions_in_force(self, before: datetime, jobs: Collection[int]) -> list[PastAction]:
         """The actions older than `before` that say what Slurm still excludes for these jobs
         (their requeues' exclusions, and the drains of those nodes): Slurm keeps a job's

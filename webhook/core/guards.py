@@ -287,6 +287,22 @@ def died_of_the_storm(
     return failed_at - attr.storm_at <= policy.shared_cause.requeue_away_within
 
 
+def owners_exclusions(d: Decision, ctx: Context) -> Outcome:
+    """A requeue leaves out of its exclusion the nodes the job's ExcNodeList holds that no
+    requeue of slurmedic's put there (its owner's `--exclude`, a person's): Slurm keeps them
+    excluded whatever slurmedic does, and a node slurmedic never excluded is never one it
+    readmits (`readmit` takes back only its own). Changes no action (no guard)."""
+    job = ctx.job
+    if not _planned(d, "requeue") or job is None or not job.excluded:
+        return _keep(d)
+    theirs = (job.excluded - ctx.guards.ever_excluded(job.id)) & set(d.exclude)
+    if not theirs:
+        return _keep(d)
+    kept = tuple(n for n in d.exclude if n not in theirs)
+    why = f"{d.reason}; {names(sorted(theirs))} excluded by the job's own list already"
+    return _keep(replace(d, exclude=kept, reason=why))
+
+
 def readmit(d: Decision, ctx: Context) -> Outcome:
     """A requeue takes back into the job's reach the nodes its earlier requeues excluded that
     are in service again: those slurmedic drained with them (resumed after their repair), and
@@ -332,8 +348,8 @@ def room(d: Decision, ctx: Context) -> Outcome:
     if not _planned(d, "requeue") or d.cause != SHARED or job is None:
         return _keep(d)
     # Slurm adds to a job's exclusion (playbooks/requeue_job.yml): the earlier ones hold too,
-    # but for those the requeue readmits.
-    off = set(d.exclude) | (ctx.guards.excluded(job.id) - set(d.readmit))
+    # its owner's as well, but for those the requeue readmits.
+    off = set(d.exclude) | ((job.excluded | ctx.guards.excluded(job.id)) - set(d.readmit))
     usable = [
         n
         for n in ctx.view.nodes.values()
@@ -516,6 +532,7 @@ PIPELINE: tuple[tuple[str, Step], ...] = (
     ("requeue_once", each(requeue_once)),
     ("no_requeue", each(no_requeue)),
     ("opt_in_out", each(opt_in_out)),
+    ("owners_exclusions", each(owners_exclusions)),
     ("readmit", each(readmit)),
     ("room", each(room)),
     ("no_progress", each(no_progress)),
