@@ -913,6 +913,12 @@ def test_a_requeue_leaves_the_owner_s_exclusions_to_slurm_and_never_readmits_the
     # A day on, the switch's time has passed: slurmedic readmits gpu03, never gpu05.
     (back,) = g.readmit(planned(again, "requeue"), again).decisions
     assert back.readmit == ("gpu03",)
+    # Readmitted, gpu03 is still in the list the view read before the requeue ran: it is not
+    # the owner's for that, and a new requeue off it excludes it again.
+    readmitted = (*earlier, PastAction(T0, "requeue", 7, readmit=("gpu03",), cause=SHARED))
+    stale = ctx(GPU, shown, history=readmitted)
+    assert stale.guards.excluded(7) == set()
+    assert g.owners_exclusions(off, stale).decisions[0].exclude == ("gpu03",)
     # Without the owner's list (a view that does not read it), nothing changes.
     assert g.owners_exclusions(off, ctx(GPU, job("FAILED"))) == g.Outcome((off,))
 
@@ -924,6 +930,14 @@ def test_room_counts_the_owner_s_exclusions() -> None:
     c = ctx(GPU, owner)
     away = replace(planned(c, "requeue"), cause=SHARED, exclude=("gpu01", "gpu02"))
     assert summary(g.room(away, c)) == [("none", "no_room", (), ())]
+    assert (
+        g.room(away, c)
+        .decisions[0]
+        .reason.startswith(
+            "job 7 needs 2 node(s); partition train has 1 in service off the failing switch and"
+            " its own excluded nodes (gpu03, gpu04, gpu05, gpu06, gpu07 and 3 more);"
+        )
+    )
     fewer = ctx(GPU, replace(owner, excluded=frozenset({"gpu03"})))
     assert g.room(away, fewer) == g.Outcome((away,))
 

@@ -115,6 +115,9 @@ def test_a_job_s_exclusions_are_read_expanded(release: str) -> None:
     record = {**record, "excluded_nodes": "gpu[05-06],gpu08"}
     (job,) = read_jobs({**data, "jobs": [record]}, Release.parse(release), ("squeue",))
     assert job.excluded == {"gpu05", "gpu06", "gpu08"}
+    record = {**record, "excluded_nodes": "gpu[05-"}
+    with pytest.raises(SlurmError, match=r"job .*: not a host list: 'gpu\[05-'"):
+        read_jobs({**data, "jobs": [record]}, Release.parse(release), ("squeue",))
 
 
 @pytest.mark.parametrize(

@@ -375,7 +375,10 @@ def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -
 def expand(expr: str) -> tuple[str, ...]:
     if not expr or expr in ("(null)", "None assigned"):
         return ()
-    return tuple(hostlist.expand_hostlist(expr))
+    try:
+        return tuple(hostlist.expand_hostlist(expr))
+    except hostlist.BadHostlist as e:  # read as a field Slurm printed that cannot be read
+        raise ValueError(f"not a host list: {expr[:100]!r}") from e
 
 
 def parse_topology(text: str) -> dict[str, tuple[str, ...]]:

@@ -284,7 +284,9 @@ class GuardState:
         return set(self._exclusions(job))
 
     def ever_excluded(self, job: int) -> set[str]:
-        """Every node the job's requeues excluded, readmitted since or not."""
+        """Every node the job's requeues excluded, readmitted since or not: a node readmitted
+        stays in the view's ExcNodeList until the requeue has run and the view is read again,
+        and is not the owner's for that."""
         mine = self._index.of_job(self.history, job)
         return {n for h in mine if h.action == "requeue" for n in h.exclude}
 

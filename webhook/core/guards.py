@@ -288,10 +288,11 @@ def died_of_the_storm(
 
 
 def owners_exclusions(d: Decision, ctx: Context) -> Outcome:
-    """A requeue leaves out of its exclusion the nodes the job's ExcNodeList holds that no
-    requeue of slurmedic's put there (its owner's `--exclude`, a person's): Slurm keeps them
-    excluded whatever slurmedic does, and a node slurmedic never excluded is never one it
-    readmits (`readmit` takes back only its own). Changes no action (no guard)."""
+    """A requeue leaves out of its exclusion the nodes the job's ExcNodeList holds (as the view
+    read it) that no requeue of slurmedic's ever named (its owner's `--exclude`, a person's):
+    Slurm keeps them excluded (unless a person takes them out before the requeue runs), and a
+    node slurmedic never excluded is never one it readmits (`readmit` takes back only its
+    own). Changes no action (no guard)."""
     job = ctx.job
     if not _planned(d, "requeue") or job is None or not job.excluded:
         return _keep(d)
@@ -359,9 +360,11 @@ def room(d: Decision, ctx: Context) -> Outcome:
     ]
     if len(usable) >= len(job.nodes):
         return _keep(d)
+    theirs = job.excluded - ctx.guards.ever_excluded(job.id)
     why = (
         f"job {job.id} needs {len(job.nodes)} node(s); partition {job.partition or '-'} has "
         f"{len(usable)} in service off the failing switch"
+        + (f" and its own excluded nodes ({names(sorted(theirs))})" if theirs else "")
     )
     return _refuse(d, "no_room", why, ctx)
 
