@@ -31,6 +31,19 @@ def _iso(at: datetime | None) -> str | None:
     return at.isoformat() if at is not None else None
 
 
+JOB_COLUMNS = (
+    "job",
+    "name",
+    "user",
+    "partition",
+    "state",
+    "nodes",
+    "excluded",
+    "restarts",
+    "requeue",
+)
+
+
 def as_json(snap: SlurmSnapshot, view: ClusterView) -> dict[str, Any]:
     return {
         "slurm_release": str(snap.release),
@@ -85,8 +98,7 @@ def show(config_path: Path | None, as_json_flag: bool) -> None:
     for n in sorted(view.nodes.values(), key=lambda n: n.name):
         nodes.add_row(n.name, n.state, ",".join(n.partitions), n.switch or "", n.reason)
     jobs = Table(title="jobs")
-    columns = ("job", "name", "user", "partition", "state", "nodes", "excluded", "restarts")
-    for col in (*columns, "requeue"):
+    for col in JOB_COLUMNS:
         jobs.add_column(col)
     for j in sorted(view.jobs.values(), key=lambda j: j.id):
         jobs.add_row(

@@ -287,6 +287,12 @@ def died_of_the_storm(
     return failed_at - attr.storm_at <= policy.shared_cause.requeue_away_within
 
 
+def _owners(job: Job, ctx: Context) -> frozenset[str]:
+    """The nodes the job's ExcNodeList holds (as the view read it) that no requeue of
+    slurmedic's ever named: its owner's `--exclude`, a person's."""
+    return job.excluded - ctx.guards.ever_excluded(job.id)
+
+
 def owners_exclusions(d: Decision, ctx: Context) -> Outcome:
     """A requeue leaves out of its exclusion the nodes the job's ExcNodeList holds (as the view
     read it) that no requeue of slurmedic's ever named (its owner's `--exclude`, a person's):
@@ -296,7 +302,7 @@ def owners_exclusions(d: Decision, ctx: Context) -> Outcome:
     job = ctx.job
     if not _planned(d, "requeue") or job is None or not job.excluded:
         return _keep(d)
-    theirs = (job.excluded - ctx.guards.ever_excluded(job.id)) & set(d.exclude)
+    theirs = _owners(job, ctx) & set(d.exclude)
     if not theirs:
         return _keep(d)
     kept = tuple(n for n in d.exclude if n not in theirs)
@@ -360,7 +366,7 @@ def room(d: Decision, ctx: Context) -> Outcome:
     ]
     if len(usable) >= len(job.nodes):
         return _keep(d)
-    theirs = job.excluded - ctx.guards.ever_excluded(job.id)
+    theirs = _owners(job, ctx)
     why = (
         f"job {job.id} needs {len(job.nodes)} node(s); partition {job.partition or '-'} has "
         f"{len(usable)} in service off the failing switch"
