@@ -55,7 +55,7 @@ def test_every_signal_is_named_once_and_hardware_names_a_drain_cause() -> None:
     names = [s.name for s in VOCABULARY]
     assert len(names) == len(set(names))
     for s in VOCABULARY:
-        assert bool(s.cause) == (s.kind is Kind.HARDWARE), s.name
+        assert bool(s.cause) == (s.kind in (Kind.HARDWARE, Kind.DEGRADED)), s.name
     # Hardware evidence names a cause slurmedic drains for.
     assert set(signals.HARDWARE.values()) <= DRAIN_CAUSES
 

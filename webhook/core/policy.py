@@ -28,6 +28,7 @@ Cause = Literal[
     "gpu_hardware",
     "node_failure",
     "network",
+    "degraded",
     "shared_infrastructure",
     "application",
     "hang",

@@ -12,6 +12,9 @@ from enum import Enum
 
 class Kind(Enum):
     HARDWARE = "hardware"  # evidence against a node itself (attribution rule 1)
+    # The node still works but should leave service when convenient: corrected errors rising,
+    # a row remap pending, a contained error. Its job is left running unless it fails there.
+    DEGRADED = "degraded"
     APPLICATION = "application"  # the application's fault, unless hardware says otherwise
     TIMEOUT = "timeout"  # a rank waited for a peer: names the waiter, not the culprit
     HANG = "hang"  # the job stopped making progress
@@ -22,7 +25,7 @@ class Kind(Enum):
 class Signal:
     name: str
     kind: Kind
-    cause: str = ""  # hardware: the cause it points to
+    cause: str = ""  # hardware and degraded: the cause it points to
     # Evidence that the job has failed, not only shown a symptom (a fatal error, a stall): an
     # application XID is a symptom the job may well survive.
     failed: bool = False
@@ -33,6 +36,7 @@ VOCABULARY = (
     Signal("gpu_hw", Kind.HARDWARE, cause="gpu_hardware"),
     Signal("node_down", Kind.HARDWARE, cause="node_failure"),
     Signal("network", Kind.HARDWARE, cause="network"),
+    Signal("gpu_degraded", Kind.DEGRADED, cause="degraded"),
     Signal("gpu_app", Kind.APPLICATION),
     Signal("app_error", Kind.APPLICATION, failed=True),
     Signal("nccl_timeout", Kind.TIMEOUT),
@@ -49,6 +53,7 @@ def of_kind(*kinds: Kind) -> tuple[str, ...]:
 SIGNALS = frozenset(s.name for s in VOCABULARY)
 # Hardware signal to the cause it points to, strongest first.
 HARDWARE = {s.name: s.cause for s in VOCABULARY if s.kind is Kind.HARDWARE}
+DEGRADED = of_kind(Kind.DEGRADED)
 APPLICATION = of_kind(Kind.APPLICATION)
 TIMEOUT = of_kind(Kind.TIMEOUT)
 HANG = of_kind(Kind.HANG)
