@@ -199,7 +199,7 @@ def test_a_late_node_alert_that_joined_an_approved_decision_is_the_node_s_own_fa
         alert(xid_at, signal="gpu_hw", node="gpu02", xid="79"), xid_at + timedelta(seconds=5)
     )
     assert got.incidents == ("1.0",)
-    e.close(k for k in e.revisable() if k == "1.0")  # the ledger says the stop ran
+    e.close({k: {"stop"} for k in e.revisable() if k == "1.0"})  # the ledger says the stop ran
     assert [ev.signal for ev in e.incidents["1.0"].evidence] == ["app_error"]
     decided = e.tick(xid_at + timedelta(seconds=30))
     assert [(d.incident, d.action, tuple(d.nodes)) for d in decided] == [

@@ -4,8 +4,10 @@ topology changes or evidence is forgotten."""
 
 from __future__ import annotations
 
+import math
 import random
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal, getcontext
 
 from webhook.core.cluster import ClusterView, Job, Node
 from webhook.core.evidence import Evidence
@@ -48,9 +50,71 @@ def afresh(
         shared |= failing
         why.append(f"{len(failing)} nodes across {len(jobs)} jobs")
         away = {}  # cluster-wide: no healthy side to move to
+    elif burst(view, failing, latest, rules, qualifying={w for w in why}):
+        units, leaves, expected = _burst_counts(view, failing, rules)
+        on = f" on {len(leaves)} leaf switches" if leaves else ""
+        held = f"{len(jobs)} job(s)" if jobs else "idle nodes"
+        shared |= failing
+        why.append(
+            f"{len(units)} failures{on} across {held} (a burst: this cluster's failure rate, "
+            f"{rules.failure_rate:g} per 1,000 node-days, expects {expected:.1g} in the window)"
+        )
+        away = {}
     window = int(rules.window.total_seconds())
     said = f"{' and '.join(why)} failed within {window}s" if why else ""
     return shared, said, {n: tuple(sorted(a)) for n, a in away.items()}
+
+
+def _qualifying(view: ClusterView, failing: set[str], rules: SharedCause) -> set[str]:
+    return {
+        s
+        for s, members in view.switches.items()
+        if len(failing & set(members)) >= rules.switch_min_nodes
+        and len(failing & set(members)) / len(members) >= rules.switch_fraction
+    }
+
+
+def _burst_counts(
+    view: ClusterView, failing: set[str], rules: SharedCause
+) -> tuple[set[str], set[str], float]:
+    """Independent failures (a failing switch is one), the leaves they are on, and how many
+    the cluster's rate expects in the window."""
+    qualifying = _qualifying(view, failing, rules)
+    units: set[str] = set()
+    leaves: set[str] = set()
+    for n in failing:
+        under = {s for s, members in view.switches.items() if n in members}
+        leaves |= under
+        units |= {f"switch {s}" for s in under & qualifying} or {n}
+    days = rules.window.total_seconds() / 86400
+    return units, leaves, len(view.nodes) * rules.failure_rate / 1000 * days
+
+
+def poisson_tail(count: int, expected: float) -> float:
+    """P(X >= count), X ~ Poisson(expected), as one minus the head, in 60 digits."""
+    getcontext().prec = 60
+    lam = Decimal(expected)
+    head = sum(lam**i / math.factorial(i) for i in range(count)) * (-lam).exp()
+    return float(1 - head)
+
+
+def burst(
+    view: ClusterView,
+    failing: set[str],
+    latest: dict[str, datetime],
+    rules: SharedCause,
+    qualifying: object = None,
+) -> bool:
+    units, leaves, expected = _burst_counts(view, failing, rules)
+    holders = {j.id for n in failing for j in view.jobs_on(n, latest[n])} | {
+        n for n in failing if not view.jobs_on(n, latest[n])
+    }
+    return (
+        len(units) >= rules.burst_min_nodes
+        and poisson_tail(len(units), expected) < rules.burst_chance
+        and (not view.switches or len(leaves) >= 2)
+        and len(holders) >= 2
+    )
 
 
 def cluster(per_switch: int) -> ClusterView:
@@ -89,11 +153,14 @@ def test_the_kept_count_agrees_with_counting_afresh() -> None:
         cluster_fraction=0.15,
         cluster_min_nodes=4,
     )
-    switch_rules = rules.model_copy(update={"cluster_min_nodes": 1000})
+    # Bursts need more failures at a high rate (and none at all under switch_rules).
+    rules = rules.model_copy(update={"failure_rate": 3000.0})
+    switch_rules = rules.model_copy(update={"cluster_min_nodes": 1000, "burst_min_nodes": 1000})
+    burst_rules = rules.model_copy(update={"cluster_min_nodes": 1000, "failure_rate": 6.5})
     view = cluster(per_switch=8)
     failing, evidence = FailingNodes(), []
     now = T0
-    checked = shared_seen = switch_only = cluster_wide = 0
+    checked = shared_seen = switch_only = cluster_wide = bursts = 0
     for step in range(600):
         for _ in range(rng.randrange(3)):
             e = Evidence(
@@ -112,8 +179,9 @@ def test_the_kept_count_agrees_with_counting_afresh() -> None:
         now += timedelta(seconds=rng.choice([5, 20, 60, -120] if step % 50 else [-600]))
         if step == 300:
             view = cluster(per_switch=12)  # a new topology
-        # Every other look, rules under which only a switch can be a shared cause.
-        ruled = rules if step % 2 else switch_rules
+        # Every third look, rules under which only a switch can be a shared cause; every third,
+        # rules under which a burst is the only cluster-wide one.
+        ruled = (rules, switch_rules, burst_rules)[step % 3]
         verdict = failing.at(now, view, ruled)
         shared, why, away = afresh(view, evidence, ruled, now)
         assert {n for n in view.nodes if verdict.covers(n)} == shared, step
@@ -124,8 +192,9 @@ def test_the_kept_count_agrees_with_counting_afresh() -> None:
         shared_seen += bool(shared)
         switch_only += bool(away)
         cluster_wide += bool(shared) and not away
+        bursts += "a burst" in why
     assert checked == 600 and shared_seen > 50  # the shared cause did come up, often
-    assert switch_only > 20 and cluster_wide > 20  # both kinds, each often
+    assert switch_only > 20 and cluster_wide > 20 and bursts > 20  # every kind, each often
 
 
 def test_forgotten_nodes_no_longer_count() -> None:
@@ -170,7 +239,14 @@ def test_jobs_slurm_has_ended_still_count_across_jobs() -> None:
     for i, n in enumerate(("n000", "n004", "n008", "n012")):
         later.add(Evidence("A", "node_down", n, None, f"{i}", T0 + timedelta(minutes=2), T0))
     verdict = later.at(T0 + timedelta(minutes=3), view, rules)
-    assert verdict.jobs == 0 and not verdict.covers("n004")
+    assert verdict.jobs == 0 and not verdict.cluster_wide
+    # Four idle nodes at once are a burst, though (no job to count across: each its own).
+    assert verdict.burst and verdict.covers("n004")
+    assert "4 failures across idle nodes (a burst" in verdict.reason
+    calm = later.at(
+        T0 + timedelta(minutes=3), view, rules.model_copy(update={"burst_min_nodes": 5})
+    )
+    assert not calm.covers("n004")
 
 
 def test_grew_wide_agrees_with_trying_every_span() -> None:

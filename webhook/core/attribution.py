@@ -22,7 +22,15 @@ from datetime import datetime
 from webhook.core.evidence import Evidence
 from webhook.core.policy import SHARED
 from webhook.core.shared_cause import RuleFive
-from webhook.core.signals import APPLICATION, HANG, HARDWARE, STALL, STRAGGLER, TIMEOUT
+from webhook.core.signals import (
+    APPLICATION,
+    DEGRADED,
+    HANG,
+    HARDWARE,
+    STALL,
+    STRAGGLER,
+    TIMEOUT,
+)
 
 HARDWARE_ORDER = tuple(HARDWARE)
 
@@ -41,6 +49,12 @@ class Attribution:
     avoid: tuple[str, ...] = ()
     # The latest start of the hardware evidence a shared cause covers: when the storm was.
     storm_at: datetime | None = None
+    # Application: it failed on some of the job's nodes and the others timed out after it (one
+    # rank's crash), not on every node alike (the code).
+    partial: bool = False
+    # Every node of the storm a shared cause covers (not only this incident's): one escalation
+    # tells a person of the whole storm.
+    storm: tuple[str, ...] = ()
 
 
 def names(nodes: Iterable[str]) -> str:
@@ -64,6 +78,9 @@ class Facts:
     # The failing switches' nodes, when every covered node is under one (SharedCauses.away).
     avoid: tuple[str, ...] = ()
     storm_at: datetime | None = None  # the latest start of the covered evidence
+    storm: tuple[str, ...] = ()  # every failing node of the storms that cover those
+    # Nodes with degraded evidence (still working, to leave service when convenient).
+    degraded: tuple[str, ...] = ()
 
     def of(self, *signals: str) -> list[Evidence]:
         return [e for s in signals for e in self.by_signal.get(s, [])]
@@ -80,6 +97,7 @@ def facts(evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: RuleFi
     hardware = [e for s in HARDWARE_ORDER for e in by_signal.get(s, []) if e.node]
     covered = frozenset(e.node for e in hardware if e.node and shared.covers(e.node))
     away = [shared.away(n) for n in sorted(covered)]
+    degraded = {e.node for s in DEGRADED for e in by_signal.get(s, []) if e.node}
     return Facts(
         job_nodes=frozenset(job_nodes),
         by_signal=by_signal,
@@ -88,6 +106,8 @@ def facts(evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: RuleFi
         shared=f"{shared.reason}: a shared cause, not bad nodes" if covered else "",
         avoid=tuple(sorted({n for a in away for n in a})) if away and all(away) else (),
         storm_at=max((e.starts_at for e in hardware if e.node in covered), default=None),
+        storm=tuple(sorted({n for c in covered for n in shared.storm(c)} | covered)),
+        degraded=tuple(sorted(degraded - covered)),
     )
 
 
@@ -104,8 +124,18 @@ def shared_cause_only(f: Facts) -> Attribution | None:
             f"{f.shared}; nothing is drained",
             avoid=f.avoid,
             storm_at=f.storm_at,
+            storm=f.storm,
         )
     return None
+
+
+def _with_degraded(nodes: Iterable[str], f: Facts) -> tuple[tuple[str, ...], str]:
+    """The nodes to blame and those with degraded evidence beside them: a job requeued anyway
+    keeps off a degraded node too, and it leaves service with the others."""
+    named = set(nodes)
+    also = sorted(set(f.degraded) - named)
+    note = f"; {names(also)} degraded too" if also else ""
+    return tuple(sorted(named | set(also))), note
 
 
 def hardware(f: Facts) -> Attribution | None:
@@ -118,13 +148,15 @@ def hardware(f: Facts) -> Attribution | None:
     others = [n for n in nodes if n != first.node]
     if others:
         reason += f"; hardware evidence on {names(others)} too"
+    nodes, note = _with_degraded(nodes, f)
     return Attribution(
         HARDWARE[first.signal],
         nodes,
-        reason,
+        reason + note,
         shared=f.shared,
         avoid=f.avoid,
         storm_at=f.storm_at,
+        storm=f.storm,
     )
 
 
@@ -135,11 +167,12 @@ def silent_node(f: Facts) -> Attribution | None:
     timeouts = f.nodes_of(*TIMEOUT)
     silent = tuple(sorted(f.job_nodes - timeouts - f.nodes_of(*APPLICATION)))
     if timeouts and len(silent) == 1 and f.job_nodes - set(silent) == timeouts:
+        nodes, note = _with_degraded(silent, f)
         return Attribution(
             "node_failure",
-            silent,
+            nodes,
             f"{names(silent)} stayed silent while {names(timeouts)} logged NCCL timeouts: "
-            "the collective waited for it",
+            "the collective waited for it" + note,
         )
     return None
 
@@ -148,13 +181,30 @@ def straggler(f: Facts) -> Attribution | None:
     """3. A persistent straggler (not every node of the job: then none is slower)."""
     stragglers = tuple(sorted(f.nodes_of(*STRAGGLER)))
     if stragglers and len(stragglers) < max(2, len(f.job_nodes)):
+        nodes, note = _with_degraded(stragglers, f)
         return Attribution(
             "straggler",
-            stragglers,
+            nodes,
             f"{names(stragglers)} is persistently slower than its peers: "
-            "every collective waits for it",
+            "every collective waits for it" + note,
         )
     return None
+
+
+def degraded(f: Facts) -> Attribution | None:
+    """1b. Degraded hardware (corrected errors rising, a remap pending, a contained error): the
+    nodes leave service; their job is left running unless it fails, stalls or slows (the
+    guards' job_running). Before the application's rule: a job that fails on a degraded node
+    is requeued without it, not blamed on its code."""
+    if not f.degraded:
+        return None
+    ev = [e for s in DEGRADED for e in f.by_signal.get(s, []) if e.node in f.degraded]
+    first = min(ev, key=lambda e: (e.starts_at, e.node or ""))
+    reason = first.summary or f"{first.alertname} on {first.node}"
+    others = [n for n in f.degraded if n != first.node]
+    if others:
+        reason += f"; degraded hardware on {names(others)} too"
+    return Attribution("degraded", f.degraded, reason)
 
 
 def application(f: Facts) -> Attribution | None:
@@ -174,8 +224,17 @@ def application(f: Facts) -> Attribution | None:
     where = {e.node for e in app if e.node}
     scope = f"on {names(where)}" if where else "in the job"
     example = next((e.summary for e in app if e.summary), app[0].alertname)
+    # One rank's crash: its error on some of the job's nodes, and others timed out after it. An
+    # error on every node (or naming none) is the code's, whatever else was logged.
+    waited = f.nodes_of(*TIMEOUT) - where
+    partial = bool(where) and bool(waited) and where < f.job_nodes
+    if partial:
+        scope += f" while {names(waited)} timed out waiting"
     return Attribution(
-        "application", (), f"Application errors {scope} and no hardware evidence: {example}"
+        "application",
+        (),
+        f"Application errors {scope} and no hardware evidence: {example}",
+        partial=partial,
     )
 
 
@@ -203,6 +262,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("hardware", hardware),
     ("silent_node", silent_node),
     ("straggler", straggler),
+    ("degraded", degraded),
     ("application", application),
     ("hang", hang),
 )

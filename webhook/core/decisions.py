@@ -36,11 +36,11 @@ from webhook.core.lifecycle import (
 from webhook.core.policy import SHARED, Policy
 from webhook.core.signals import FAILURE_SIGNALS
 
-DRAIN_CAUSES = {"gpu_hardware", "node_failure", "network", "straggler"}
+DRAIN_CAUSES = {"gpu_hardware", "node_failure", "network", "degraded", "straggler"}
 # A new fault in hardware (a GPU, a host, a link): a requeue for one starts the job's run of
 # failed restarts afresh. A job of thousands of nodes meets one every few hours whatever its
 # progress; a restart that died of one is not the job failing to make progress.
-FAULT_CAUSES = frozenset({"gpu_hardware", "node_failure", "network"})
+FAULT_CAUSES = frozenset({"gpu_hardware", "node_failure", "network", "degraded"})
 # The cluster's failures, not the job's: what slurmedic blames on nodes it drains, and a shared
 # cause it requeues jobs away from. With retry_budget.max_hardware_requeues, their requeues
 # have a budget apart from the job's own failures'.
@@ -352,6 +352,36 @@ class GuardState:
     def _drains_of(self, nodes: Collection[str]) -> dict[str, list[PastAction]]:
         return {n: self._index.drains_of(self.history, n) for n in nodes}
 
+    def requeue_for(self, job: int, cause: str, since: datetime) -> PastAction | None:
+        """The job's last requeue for `cause` since `since`, if any."""
+        found = [
+            h
+            for h in self._index.of_job(self.history, job)
+            if h.action == "requeue" and h.cause == cause and h.at >= since
+        ]
+        return max(found, key=lambda h: h.at) if found else None
+
+    def recovered_since(self, job: int, at: datetime) -> bool:
+        """Whether a recovery check saw the job train again after `at`."""
+        return any(
+            h.action == "recovered" and h.at > at for h in self._index.of_job(self.history, job)
+        )
+
+    def storm_told(self, nodes: Collection[str], since: datetime) -> PastAction | None:
+        """An escalation of a shared cause since `since` that named any of these nodes: the
+        storm a person was already told of."""
+        wanted = set(nodes)
+        found = [
+            h
+            for h in self.history
+            if h.action == "escalate"
+            and h.cause == SHARED
+            and h.at >= since
+            and not h.undone
+            and not wanted.isdisjoint(h.nodes)
+        ]
+        return min(found, key=lambda h: h.at) if found else None
+
     def blameless_requeue(self, job: int, since: datetime) -> PastAction | None:
         """The job's last requeue for a failure nobody could be blamed for, if any."""
         found = [
@@ -360,6 +390,16 @@ class GuardState:
             if h.action == "requeue" and h.cause in BLAMELESS and h.at >= since
         ]
         return max(found, key=lambda h: h.at) if found else None
+
+
+def closes(carried: Iterable[str], waits_for_job: bool) -> bool:
+    """Whether actions carried out close an incident (no more revisions: what arrives later is
+    their consequence). A drain that leaves the job running (degraded hardware: Slurm lets it
+    finish) does not, while the incident waits for its job: the job's failure there is news."""
+    done = set(carried) & SCHEDULER_ACTIONS
+    if waits_for_job:
+        return bool(done & JOB_ACTIONS)
+    return bool(done)
 
 
 def job_failed(job: Job, evidence: Iterable[Evidence]) -> bool:
@@ -421,9 +461,15 @@ def plan(
         out.append(requeue)  # away from the nodes to blame, from its checkpoint
     elif attr.cause == "application":
         # Stopped once it has failed (the job_running guard holds it back until then): a job
-        # that crashed by its own fault would crash again, unless its owner asks for retries.
+        # that crashed by its own fault on every rank alike would crash again, unless its owner
+        # asks for retries. One rank's crash (the others timed out waiting for it) is
+        # restarted once, its owner told (requeue_once stops it the same way again).
         retry = job.options().get("retry_application") is True
-        out.append(requeue if retry else replace(base, action="stop"))
+        if attr.partial and not retry:
+            told = f"{attr.reason}; its owner should look at the failing rank"
+            out += [requeue, replace(base, action="escalate", reason=told)]
+        else:
+            out.append(requeue if retry else replace(base, action="stop"))
     elif attr.cause == "hang" or died_blameless(attr.cause, job):
         # Nobody to blame: a restart from the checkpoint is the cheapest way out; once only,
         # when the job died of it (the requeue_once guard).

@@ -46,14 +46,14 @@ failure (it started before that failure was decided) is history, not news: it is
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from webhook.core.alerts import Payload
 from webhook.core.attribution import Attribution, attribute, blames_nobody, stall_only
 from webhook.core.cluster import ClusterView, Job
-from webhook.core.decisions import SCHEDULER_ACTIONS, Decision, GuardState, PastAction
+from webhook.core.decisions import Decision, GuardState, PastAction, closes
 from webhook.core.evidence import Evidence, from_alert
 from webhook.core.guards import decide
 from webhook.core.incidents import IncidentKey, attempt_of
@@ -86,6 +86,8 @@ class Incident:
     # The decision holds only while the job runs (an application symptom): look at its end.
     until_job_ends: bool = False
     closed: bool = False  # carried out: no more revisions
+    # Restored from the ledger: its actions carried out, or counted so (monitor, enforce).
+    carried: frozenset[str] = frozenset()
     # The nodes of its evidence rule 5 covered when it was decided, and why (Judged).
     shared: Judgement = field(default_factory=dict)
 
@@ -158,15 +160,22 @@ class Engine:
             inc.until_job_ends = until_job_ends(
                 inc.standing, None, shared=self.policy.shared_cause.requeue_away and not inc.closed
             )
+            # Closed by what of it was carried out (or counted so: monitor and enforce
+            # decisions), as a decision is: the ledger says which actions those were.
+            if closes(inc.carried, inc.until_job_ends):
+                inc.closed = True
+            if inc.closed:
+                inc.until_job_ends = until_job_ends(inc.standing, None)
             self.incidents[inc.key] = inc
             for key in inc.known:
                 self.decided_on[key] = (*self.decided_on.get(key, ()), inc.key)
             self._indexed(inc)
 
-    def close(self, keys: Iterable[str]) -> None:
-        """Incidents whose decisions were carried out: not revised any more."""
-        for k in keys:
-            if (inc := self.incidents.get(k)) is None:
+    def close(self, carried: Mapping[str, Collection[str]]) -> None:
+        """Incidents some of whose actions were carried out (incident -> those actions): not
+        revised any more, unless all that ran leaves their job running (`closes`)."""
+        for k, actions in carried.items():
+            if (inc := self.incidents.get(k)) is None or not closes(actions, inc.until_job_ends):
                 continue
             inc.closed, inc.check_at = True, None
             self._indexed(inc)
@@ -534,7 +543,7 @@ class Engine:
         # A scheduler action in monitor or enforce mode is carried out now (monitor's dry run
         # stands for it: monitor shows what enforce does); approve waits for a human, and the
         # loop closes the incident once the action runs.
-        if any(d.action in SCHEDULER_ACTIONS and d.mode != "approve" for d in made):
+        if closes((d.action for d in made if d.mode != "approve"), incident.until_job_ends):
             incident.closed = True
         if incident.decided:
             # Nothing to decide any more (Slurm forgot the job) is no reason to undo anything.
@@ -620,7 +629,14 @@ def until_job_ends(made: Iterable[Decision], job: Job | None, *, shared: bool = 
     if any(d.guard == "job_running" for d in made):
         return True
     waits = {"unknown", SHARED} if shared else {"unknown"}
-    escalated = any(d.cause in waits and d.action == "escalate" and not d.guard for d in made)
+    escalated = any(
+        d.cause in waits
+        and (
+            (d.action == "escalate" and not d.guard)
+            or (d.action == "none" and d.guard == "storm_escalated")
+        )
+        for d in made
+    )
     requeued = any(d.action == "requeue" for d in made)
     return escalated and not requeued and (job is None or not job.has_ended)
 

@@ -46,7 +46,7 @@ from webhook.core.evidence import Evidence
 from webhook.core.incidents import IncidentKey
 from webhook.core.lifecycle import PENDING
 from webhook.core.policy import SHARED, Policy
-from webhook.core.signals import FAILURE_SIGNALS
+from webhook.core.signals import FAILURE_SIGNALS, STRAGGLER
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,11 @@ def moved_on(d: Decision, ctx: Context) -> Outcome:
 
 def job_running(d: Decision, ctx: Context) -> Outcome:
     """Act on failures, not symptoms: an application's error on a job that keeps training
-    (nothing fatal logged, no stall, not ended) is left alone, and people are told."""
+    (nothing fatal logged, no stall, not ended) is left alone, and people are told. So is a job
+    on degraded hardware (drained: Slurm lets it finish), until it fails, stalls or slows."""
     job = ctx.job
+    if d.cause == "degraded" and _planned(d, "requeue") and job is not None:
+        return _on_degraded(d, job, ctx)
     if not _planned(d, "stop", "requeue") or d.cause != "application" or job is None:
         return _keep(d)
     if _ended_by_choice(job) is not None or job_failed(job, ctx.evidence):
@@ -157,6 +160,18 @@ def job_running(d: Decision, ctx: Context) -> Outcome:
     )
     told = replace(_bare(d), guard="job_running", reason=why + ctx.attr.reason)
     return Outcome((replace(told, action="none"), replace(told, action="escalate")))
+
+
+def _on_degraded(d: Decision, job: Job, ctx: Context) -> Outcome:
+    slowed = any(e.signal in STRAGGLER and e.actionable for e in ctx.evidence)
+    if _ended_by_choice(job) is not None or job_failed(job, ctx.evidence) or slowed:
+        return _keep(d)
+    why = (
+        f"job {job.id} keeps training: {names(d.exclude)} is drained (Slurm lets the job "
+        f"finish and starts nothing new there) and the job is left alone; it is requeued "
+        f"without it if it fails, stalls or slows. "
+    )
+    return Outcome((replace(_bare(d), action="none", guard="job_running", reason=why + d.reason),))
 
 
 def scope(d: Decision, ctx: Context) -> Outcome:
@@ -211,9 +226,18 @@ def ended_before_record(d: Decision, ctx: Context) -> Outcome:
 
 def requeue_once(d: Decision, ctx: Context) -> Outcome:
     """A job that died with nobody to blame is requeued once, noting where it failed first;
-    the same again goes to a human, naming the node when it failed first there again."""
+    the same again goes to a human, naming the node when it failed first there again. One
+    rank's crash is restarted once; the same again is the code's (stop). The successor of a
+    requeue for a hang or a blameless death that stalls again before a recovery check saw it
+    train goes to a human: a blind requeue would hold the whole allocation for nothing again."""
     job = ctx.job
-    if not _planned(d, "requeue") or job is None or not died_blameless(ctx.attr.cause, job):
+    if not _planned(d, "requeue") or job is None:
+        return _keep(d)
+    if ctx.attr.cause == "application" and ctx.attr.partial:
+        return _application_again(d, job, ctx)
+    if ctx.attr.cause == "hang" and not job.failed:
+        return _hang_again(d, job, ctx)
+    if not died_blameless(ctx.attr.cause, job):
         return _keep(d)
     first = first_failing(ctx.evidence)
     where = (
@@ -245,6 +269,38 @@ def requeue_once(d: Decision, ctx: Context) -> Outcome:
         + f"; a human must look. {ctx.attr.reason}"
     )
     again = replace(_bare(d), action="escalate", nodes=nodes, guard="repeated_failure", reason=why)
+    return Outcome((again,))
+
+
+def _application_again(d: Decision, job: Job, ctx: Context) -> Outcome:
+    since = ctx.now - ctx.policy.retry_budget.window
+    if job.options().get("retry_application") is True:
+        return _keep(d)
+    earlier = ctx.guards.requeue_for(job.id, "application", since)
+    if earlier is None:
+        return _keep(d)
+    why = (
+        f"job {job.id} failed the same way again after its requeue at "
+        f"{earlier.at.astimezone(UTC):%H:%M:%SZ} for one rank's crash: the code's, not a "
+        f"chance; stopped. {ctx.attr.reason}"
+    )
+    return Outcome((replace(_bare(d), action="stop", guard="repeated_failure", reason=why),))
+
+
+def _hang_again(d: Decision, job: Job, ctx: Context) -> Outcome:
+    earlier = ctx.guards.blameless_requeue(job.id, ctx.now - ctx.policy.retry_budget.window)
+    before = str(IncidentKey.of_attempt(job.id, job.restarts - 1)) if job.restarts else ""
+    if earlier is None or earlier.incident != before:
+        return _keep(d)
+    if ctx.guards.recovered_since(job.id, earlier.at):
+        return _keep(d)
+    why = (
+        f"job {job.id} stalls again in attempt {job.restarts}, the successor of its requeue "
+        f"at {earlier.at.astimezone(UTC):%H:%M:%SZ} for a failure nobody could be blamed for, "
+        f"and no recovery check saw it train since: a second blind requeue would hold its "
+        f"{len(job.nodes)} node(s) for nothing again; a human must look. {ctx.attr.reason}"
+    )
+    again = replace(_bare(d), action="escalate", guard="repeated_without_progress", reason=why)
     return Outcome((again,))
 
 
@@ -481,6 +537,27 @@ def breaker(d: Decision, ctx: Context) -> Outcome:
     return Outcome((d,), (Counted(drained),))
 
 
+def storm_told(d: Decision, ctx: Context) -> Outcome:
+    """One escalation a storm: the first incident a shared cause covers tells a person of the
+    whole storm (its nodes); the others say so and wait with it (`none`). Counted in the
+    guards' memory, so a restart does not tell again."""
+    storm = ctx.attr.storm
+    if not _planned(d, "escalate") or d.cause != SHARED or not storm:
+        return _keep(d)
+    told = ctx.guards.storm_told(storm, ctx.now - ctx.policy.shared_cause.window)
+    if told is not None and told.incident != d.incident:
+        why = (
+            f"{d.reason}; a person was told of this storm ({names(told.nodes)}) in incident "
+            f"{told.incident}"
+        )
+        return Outcome((replace(_bare(d), action="none", guard="storm_escalated", reason=why),))
+    escalated = replace(d, nodes=storm)
+    counted = PastAction(
+        at=ctx.now, action="escalate", nodes=storm, cause=SHARED, incident=d.incident
+    )
+    return Outcome((escalated,), (Counted(counted),))
+
+
 def mode(d: Decision, ctx: Context) -> Outcome:
     """The mode the policy gives the action on its partition (monitor records, approve waits
     for a human, enforce executes), and the state that mode starts in. While the global switch
@@ -549,6 +626,7 @@ PIPELINE: tuple[tuple[str, Step], ...] = (
     ("already_drained", each(already_drained)),
     ("breaker", each(breaker)),
     ("one_per_action", one_per_action),
+    ("storm_told", each(storm_told)),
     ("mode", each(mode)),
 )
 

@@ -13,6 +13,7 @@ starts count too: an alert may say it started after the instant a decision is ma
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
@@ -141,6 +142,7 @@ class SharedCauses:
         self._failing, self._view, self._rules = failing, view, rules
         self._jobs: int | None = None
         self._reason: str | None = None
+        self._burst: bool | None = None
 
     def _many(self, down: int) -> bool:
         """Enough nodes for a cluster-wide cause (with failures across two jobs or more)."""
@@ -152,6 +154,50 @@ class SharedCauses:
     @property
     def cluster_wide(self) -> bool:
         return self._many(len(self._failing._window)) and self.jobs >= 2
+
+    @property
+    def burst(self) -> bool:
+        """Rule 5 against the cluster's own failure rate: more nodes failed within the window,
+        across leaf switches and jobs (an idle node counts as its own), than independent
+        failures would produce once in `1 / burst_chance` windows. A controller's or a fabric's
+        blip, a bad rollout: one cause, however small a share of the cluster it is."""
+        if self._burst is None:
+            self._burst = self._is_burst()
+        return self._burst
+
+    def _units(self) -> set[str]:
+        """The failures in the window as independent faults would be counted: each failing
+        switch (rule 5's) as one, each other node as one."""
+        failing = self._failing
+        units: set[str] = set()
+        for n in failing._window:
+            qualifying = [s for s in failing._switches_of.get(n, ()) if s in failing._qualifying]
+            units |= {f"switch {s}" for s in qualifying} if qualifying else {n}
+        return units
+
+    def _is_burst(self) -> bool:
+        failing, rules = self._failing, self._rules
+        units = self._units()
+        if len(units) < rules.burst_min_nodes:
+            return False
+        if burst_chance(len(units), self.expected_failures()) >= rules.burst_chance:
+            return False
+        leaves = {s for n in failing._window for s in failing._switches_of.get(n, ())}
+        if self._view.switches and len(leaves) < 2:
+            return False  # one switch's nodes: the switch rule's to judge
+        holders: set[object] = set()
+        for n in failing._window:
+            jobs = self._view.jobs_on(n, failing.latest[n])
+            holders |= {j.id for j in jobs} if jobs else {n}
+            if len(holders) >= 2:
+                return True
+        return False
+
+    def expected_failures(self) -> float:
+        """How many node failures the window holds on average, at the cluster's failure rate."""
+        rules = self._rules
+        days = rules.window.total_seconds() / 86400
+        return len(self._view.nodes) * rules.failure_rate / 1000 * days
 
     @property
     def jobs(self) -> int:
@@ -169,8 +215,23 @@ class SharedCauses:
         failing = self._failing
         if node not in failing._window:
             return False
-        return any(s in failing._qualifying for s in failing._switches_of.get(node, ())) or (
-            self.cluster_wide
+        return (
+            any(s in failing._qualifying for s in failing._switches_of.get(node, ()))
+            or self.cluster_wide
+            or self.burst
+        )
+
+    def storm(self, node: str) -> tuple[str, ...]:
+        """Every failing node of the storms that cover `node`: its failing switches' nodes, or
+        the whole window's for a cluster-wide cause or a burst."""
+        if not self.covers(node):
+            return ()
+        failing = self._failing
+        if self.cluster_wide or self.burst:
+            return tuple(sorted(failing._window))
+        switches = {s for s in failing._switches_of.get(node, ()) if s in failing._qualifying}
+        return tuple(
+            sorted(n for n in failing._window if switches & set(failing._switches_of.get(n, ())))
         )
 
     def away(self, node: str) -> tuple[str, ...]:
@@ -178,7 +239,7 @@ class SharedCauses:
         the failing switches `node` is under, those that have not alerted yet too (a switch
         that failed most of its nodes may fail the rest). Nothing for a cluster-wide cause:
         there is no healthy side to move to (power, the fabric's core, storage)."""
-        if not self.covers(node) or self.cluster_wide:
+        if not self.covers(node) or self.cluster_wide or self.burst:
             return ()
         failing = self._failing
         switches = [s for s in failing._switches_of.get(node, ()) if s in failing._qualifying]
@@ -218,6 +279,15 @@ class SharedCauses:
             ]
             if self.cluster_wide:
                 why.append(f"{len(failing._window)} nodes across {self.jobs} jobs")
+            elif self.burst:
+                leaves = {s for n in failing._window for s in failing._switches_of.get(n, ())}
+                on = f" on {len(leaves)} leaf switches" if leaves else ""
+                jobs = f"{self.jobs} job(s)" if self.jobs else "idle nodes"
+                why.append(
+                    f"{len(self._units())} failures{on} across {jobs} (a burst: this "
+                    f"cluster's failure rate, {self._rules.failure_rate:g} per 1,000 "
+                    f"node-days, expects {self.expected_failures():.1g} in the window)"
+                )
             window = int(self._rules.window.total_seconds())
             self._reason = f"{' and '.join(why)} failed within {window}s" if why else ""
         return self._reason
@@ -229,6 +299,8 @@ class RuleFive(Protocol):
     def covers(self, node: str) -> bool: ...
 
     def away(self, node: str) -> tuple[str, ...]: ...
+
+    def storm(self, node: str) -> tuple[str, ...]: ...
 
     @property
     def reason(self) -> str: ...
@@ -294,9 +366,28 @@ class Judged:
                 return ()  # the storm grew past its switch after the incident was decided
         return seen[2]
 
+    def storm(self, node: str) -> tuple[str, ...]:
+        """The live verdict's storm (a kept verdict's nodes are this incident's own)."""
+        return self._live.storm(node)
+
     @property
     def reason(self) -> str:
         said = self._live.reason
         if said:
             return said
         return "; ".join(sorted({why for _, why, _ in self._before.values()}))
+
+
+def burst_chance(count: int, expected: float) -> float:
+    """The chance that independent failures, `expected` on average in a window (Poisson), number
+    `count` or more in one: the tail summed from `count` up (1 - the head loses every digit for
+    the small chances a burst is judged by)."""
+    if expected <= 0:
+        return 0.0 if count > 0 else 1.0
+    term = math.exp(-expected + count * math.log(expected) - math.lgamma(count + 1))
+    total, i = 0.0, count
+    while term > total * 1e-12 and i < count + 1000:
+        total += term
+        i += 1
+        term *= expected / i
+    return min(1.0, total)

@@ -398,21 +398,22 @@ class Ledger:
                 done.add((row.action, tuple(row.nodes), tuple(row.exclude)))
         return done
 
-    def carried_out(self, incidents: Sequence[str]) -> set[str]:
-        """Those of the incidents one of whose scheduler actions ran or runs: later evidence
-        does not revise them."""
+    def carried_out(self, incidents: Sequence[str]) -> dict[str, set[str]]:
+        """Those of the incidents some of whose scheduler actions ran or run, and which actions
+        (the engine says whether they close the incident: `closes`)."""
         if not incidents:
-            return set()
+            return {}
+        found: dict[str, set[str]] = {}
         with self.session() as s:
-            return set(
-                s.scalars(
-                    select(DecisionRow.incident).where(
-                        DecisionRow.incident.in_(list(incidents)),
-                        DecisionRow.action.in_(SCHEDULER_ACTIONS),
-                        DecisionRow.state.in_(CARRIED_OUT),
-                    )
-                ).all()
-            )
+            for incident, action in s.execute(
+                select(DecisionRow.incident, DecisionRow.action).where(
+                    DecisionRow.incident.in_(list(incidents)),
+                    DecisionRow.action.in_(SCHEDULER_ACTIONS),
+                    DecisionRow.state.in_(CARRIED_OUT),
+                )
+            ).all():
+                found.setdefault(incident, set()).add(action)
+        return found
 
     def add_event(self, decision_id: int, state: str, detail: dict[str, Any], at: datetime) -> None:
         """Append a state change (the decision row keeps the latest state, for queries).
@@ -626,10 +627,12 @@ class Ledger:
                 with contextlib.suppress(KeyError, TypeError, ValueError):
                     at = datetime.fromisoformat(str(e["startsAt"]).replace("Z", "+00:00"))
                     known.add(evidence_key(str(e["fingerprint"]), at))
-            # Carried out, or counted so (monitor and enforce ones: see the engine).
-            carried = any(
-                d.action in SCHEDULER_ACTIONS and (d.state in CARRIED_OUT or d.mode != "approve")
+            # Carried out, or counted so (monitor and enforce ones): whether that closes the
+            # incident is the engine's to say (Engine.restore).
+            carried = frozenset(
+                d.action
                 for d in ds
+                if d.action in SCHEDULER_ACTIONS and (d.state in CARRIED_OUT or d.mode != "approve")
             )
             # Only the engine's own incidents are revised, and only recent ones.
             ours = parsed.kind in ("attempt", "node")
@@ -646,7 +649,8 @@ class Ledger:
                     standing=standing_now,
                     revision=int(revisions.get(key) or 0),
                     known=known,
-                    closed=carried or not ours or decided_at < since,
+                    closed=not ours or decided_at < since,
+                    carried=carried,
                     shared=_judgement(row.shared) if row else {},
                 )
             )

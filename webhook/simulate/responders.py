@@ -191,7 +191,7 @@ class Slurmedic(_Passive):
             Recoveries(world, acting, self.engine.guards) if world.cfg.verify else None
         )
         self.person = Person(world)
-        self.carried: set[str] = set()
+        self.carried: dict[str, set[str]] = {}
         self.decisions: list[Decision] = []
 
     def _now(self) -> datetime:
@@ -212,7 +212,9 @@ class Slurmedic(_Passive):
         return min(dues, default=None)
 
     def tick(self) -> None:
-        self.engine.close([k for k in self.engine.revisable() if k in self.carried])
+        self.engine.close(
+            {k: self.carried[k] for k in self.engine.revisable() if k in self.carried}
+        )
         self._decided(self.engine.tick(self._now()))
         self._verify()
         self.world.flush()
@@ -260,7 +262,7 @@ class Slurmedic(_Passive):
         w = self.world
         if d.action in SCHEDULER_ACTIONS:
             # What the live loop's ledger calls carried out: an escalation stays revisable.
-            self.carried.add(d.incident)
+            self.carried.setdefault(d.incident, set()).add(d.action)
         if d.action == "drain":
             w.drain(d.nodes)
         elif d.action in ("requeue", "stop") and (job := self._attempt(d)) is not None:
