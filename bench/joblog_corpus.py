@@ -30,7 +30,7 @@ from tests import joblog_corpus
 from webhook.rules.render import RULES_DIR
 
 GAUGE = re.compile(r"(training_log_\w+)_last_timestamp_seconds(\{xid=~\"([^\"]*)\"\})?")
-SIGNALS = ("nccl_timeout", "hang", "app_error", "gpu_hw", "gpu_app")
+SIGNALS = ("nccl_timeout", "hang", "app_error", "gpu_hw", "gpu_degraded", "gpu_app")
 
 
 def rule_signals() -> list[tuple[str, re.Pattern[str] | None, str]]:

@@ -15,6 +15,7 @@ import pytest
 
 from lab import api, manage, monitoring, processes, stacks
 from lab.config import LabConfig
+from lab.dcgm_exporter import gpu_uuid
 from tests.lab.conftest import Receiver, eventually, query, running_nodes
 
 pytestmark = pytest.mark.lab
@@ -57,8 +58,9 @@ FAULTS = [
     ({"kind": "ecc_dbe", "count": 2}, "GpuDoubleBitEccErrors", "gpu_hw"),
     # A failed row remap raises both alerts, in the same job attempt.
     ({"kind": "row_remap_failure"}, "GpuRowRemapFailure+GpuUncorrectableRemappedRows", "gpu_hw"),
-    ({"kind": "nvlink", "rate": 50}, "GpuNvlinkErrors", "gpu_hw"),
-    ({"kind": "pcie", "rate": 200}, "GpuPcieReplays", "gpu_hw"),
+    # Corrected errors: the GPU still works (DESIGN.md, gpu_degraded).
+    ({"kind": "nvlink", "rate": 50}, "GpuNvlinkErrors", "gpu_degraded"),
+    ({"kind": "pcie", "rate": 200}, "GpuPcieReplays", "gpu_degraded"),
     ({"kind": "thermal"}, "GpuThrottled", "straggler"),
     ({"kind": "gpu_lost"}, "GpuMissing", "gpu_hw"),
 ]
@@ -91,6 +93,8 @@ def test_gpu_fault_reaches_the_webhook(
         assert alert["labels"].get("slurm_job_id") == (None if name == "GpuMissing" else str(job))
         assert alert["labels"]["signal"] == signal
         assert alert["labels"]["gpu"] == str(gpu)
+        # The GPU's identity, dcgm-exporter's UUID, as `uuid`.
+        assert alert["labels"]["uuid"] == gpu_uuid(nodes[1], gpu)
         # Nothing about the healthy node of the same job.
         assert not receiver.alerts(name, since=since, node=nodes[0], **labels)
 

@@ -24,7 +24,7 @@ from webhook.rules.render import RULES_DIR
 
 CORPUS = joblog_corpus.load()
 # The signals job logs give evidence of: a part of the vocabulary (webhook/core/signals.py).
-SIGNALS = {"nccl_timeout", "hang", "app_error", "gpu_hw", "gpu_app"}
+SIGNALS = {"nccl_timeout", "hang", "app_error", "gpu_hw", "gpu_app", "gpu_degraded"}
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,8 @@ def test_xid_lines_are_classed_as_the_dcgm_rules_class_them() -> None:
             if e.xid in classes["node"]
             else "xid_application"
             if e.xid in classes["application"]
+            else "xid_contained"
+            if e.xid in classes["contained"]
             else "xid_no_alert"
         )
         assert e.cls == expected, e.line

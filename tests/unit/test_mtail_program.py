@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from lab import mtail_oneshot
 
@@ -87,3 +88,35 @@ def test_a_crlf_line_and_an_unterminated_last_line_count(tmp_path: Path) -> None
         "training_log_cuda_errors_total",
         "training_log_tracebacks_total",
     }
+
+
+def test_an_xid_line_carries_its_code_and_the_pci_address_of_its_gpu(tmp_path: Path) -> None:
+    """The GPU an XID line names (its PCI address, without a MIG instance after it) is a label:
+    the same code on two GPUs of one rank's node counts twice, apart."""
+    lines = [
+        "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', "
+        "name=<unknown>, Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0)",
+        "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). "
+        "RST: No, D-RST: No",
+        "NVRM: Xid (PCI:0000:9b:00): 94, pid=1234, name=python3, Contained ECC error",
+        "NVRM: Xid (PCI:0000:9b:00): 94, pid=1234, name=python3, Contained ECC error",
+    ]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "slurm-77-gpu-b02-5.out").write_text("\n".join(lines) + "\n")
+    found: dict[str, dict[tuple[str, str], float]] = {}
+    for fam in text_string_to_metric_families(mtail_oneshot.run(logs)):
+        for sample in fam.samples:
+            if sample.name.startswith("training_log_xid") and sample.value:
+                labels = sample.labels
+                where = (labels["slurm_job_id"], labels["node"], labels["rank"])
+                assert where == ("77", "gpu-b02", "5")
+                key = (labels["xid"], labels["pci_bus_id"])
+                found.setdefault(sample.name, {})[key] = sample.value
+    expected = {("13", "0000:cb:00"), ("94", "0000:01:00"), ("94", "0000:9b:00")}
+    assert found["training_log_xid_total"] == {
+        ("13", "0000:cb:00"): 1.0,
+        ("94", "0000:01:00"): 1.0,
+        ("94", "0000:9b:00"): 2.0,
+    }
+    assert set(found["training_log_xid_last_timestamp_seconds"]) == expected

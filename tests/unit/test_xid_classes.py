@@ -19,19 +19,23 @@ NODE_ACTIONS = {
     "UPDATE_SWFW",
 }
 INFORMATIONAL_ACTIONS = {"WORKFLOW_XID_45", "XID_154", "CHECK_UVM", ""}
+# The investigatory action that makes a RESTART_APP code's application a victim, not the cause.
+SYMPATHETIC = "IGNORE (sympathetic)"
 
 
 def catalog() -> dict[int, dict[str, str]]:
     with (RULES / "nvidia-xid-catalog.tsv").open() as f:
         rows = list(csv.reader(f, delimiter="\t"))
     header, body = rows[0], rows[1:]
-    code, h100, action = header.index("Code"), 5, 8
+    code, h100, action, investigatory = header.index("Code"), 5, 8, 9
     assert "H100" in header[h100] and "Immediate" in header[action], header
+    assert "Investigatory" in header[investigatory], header
     return {
         int(r[code]): {
             "h100": r[h100],
             "current": "YES" if "YES" in r[h100 : h100 + 3] else "NO",
             "action": r[action].strip(),
+            "investigatory": r[investigatory].strip(),
         }
         for r in body
         if r[code]
@@ -65,6 +69,7 @@ def test_ignore_codes_raise_nothing() -> None:
     [
         ("node", NODE_ACTIONS | {""}),
         ("application", {"RESTART_APP"}),
+        ("contained", {"RESTART_APP"}),
         ("informational", INFORMATIONAL_ACTIONS),
     ],
 )
@@ -82,9 +87,30 @@ def test_codes_of_node_and_application_actions_are_all_classified() -> None:
         if row["action"] in NODE_ACTIONS and row["current"] == "YES":
             assert code in cls["node"], f"XID {code} ({row['action']}) belongs in node"
         if row["action"] == "RESTART_APP" and row["current"] == "YES":
-            assert code in cls["application"], f"XID {code} (RESTART_APP) belongs in application"
+            klass = "contained" if row["investigatory"] == SYMPATHETIC else "application"
+            assert code in cls[klass], f"XID {code} (RESTART_APP) belongs in {klass}"
 
 
-def test_the_node_class_holds_the_well_known_codes() -> None:
-    assert {48, 64, 79, 95, 119, 120} <= set(classes()["node"])
-    assert {13, 31, 94} <= set(classes()["application"])
+def test_contained_holds_exactly_the_restart_app_codes_whose_application_was_a_victim() -> None:
+    """DESIGN.md: where the catalog's investigatory column says "IGNORE (sympathetic)", the
+    application that hit the XID was its victim: it restarts and the GPU is reset when
+    convenient (gpu_degraded), never the owner's bug (gpu_app)."""
+    victims = {
+        code
+        for code, row in catalog().items()
+        if row["current"] == "YES"
+        and row["action"] == "RESTART_APP"
+        and row["investigatory"] == SYMPATHETIC
+    }
+    assert victims, "the catalog names no sympathetic RESTART_APP code: is the column still 9?"
+    assert set(classes()["contained"]) == victims
+
+
+def test_the_classes_hold_the_well_known_codes() -> None:
+    cls = classes()
+    assert {48, 64, 79, 95, 119, 120} <= set(cls["node"])
+    assert {13, 31, 43} & set(cls["application"]) == {13, 31}  # 43 is IGNORE
+    # A contained memory error (94) is the victim's, not the application's; an uncontained one
+    # (95, sympathetic too) needs the GPU reset before anything runs again.
+    assert 94 in cls["contained"] and 94 not in cls["application"]
+    assert 95 not in cls["contained"]

@@ -136,7 +136,7 @@ class RuleSource:
             raise RulesError(str(e)) from e
         path = self.rules_dir / "xid-classes.yml"
         xids = self._load(path)
-        for key in ("node", "application"):
+        for key in ("node", "application", "contained"):
             if key not in xids:
                 raise RulesError(f"{path}: {key}: missing")
             values[f"xid_{key}"] = xids[key]
