@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.core.incidents import BadIncidentKey, IncidentKey, attempt_of
+from webhook.core.incidents import MAX_LEN, BadIncidentKey, IncidentKey, attempt_of
 from webhook.executor.runner import DrainVars
 
 KEYS = [
@@ -49,7 +49,7 @@ def test_the_attempt_of_a_key() -> None:
 def test_a_long_resume_list_keeps_its_key_short() -> None:
     nodes = tuple(f"n{i}x{i * 7}" for i in range(40))
     text = str(IncidentKey.resuming(nodes))
-    assert len(text) <= 64 and text.startswith("resume:")
+    assert len(text) <= MAX_LEN and text.startswith("resume:")
     assert IncidentKey.parse(text).nodes[0] == sorted(nodes)[0]
 
 

@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
+from webhook.executor.dispatch import playbook_for
+from webhook.executor.runner import PLAYBOOK_VARS, DiagnosticsVars
+from webhook.ledger.schema import DecisionRow
 from webhook.replay import load, matches, replay_json, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,6 +43,25 @@ def replay(path: Path) -> dict[str, Any]:
     assert out.returncode == 0, out.stderr
     result: dict[str, Any] = json.loads(out.stdout)
     return result
+
+
+def assert_playbooks_take(d: dict[str, Any]) -> None:
+    """What the executor would hand a decision's playbook (and a drain's diagnostics) passes the
+    checks the playbooks make, with their own patterns: every incident key and drain reason,
+    of the longest node names too (tests/scenarios/long-node-name*.yaml)."""
+    row = DecisionRow(
+        incident=d["incident"],
+        job=d["job"],
+        action=d["action"],
+        cause=d["cause"],
+        nodes=d["nodes"],
+        exclude=d["exclude"],
+    )
+    if (target := playbook_for(row)) is not None:
+        name, extravars = target
+        PLAYBOOK_VARS[name].model_validate(extravars)
+    if d["action"] == "drain":
+        DiagnosticsVars(slurmedic_nodes=d["nodes"], slurmedic_incident=d["incident"])
 
 
 def test_there_are_enough_scenarios() -> None:
@@ -66,6 +88,7 @@ def test_scenario(path: Path) -> None:
             "unknown",
         }
         assert d["reason"] and d["nodes"] == sorted(d["nodes"])
+        assert_playbooks_take(d)
     expect = spec.get("expect") or {}
     assert expect, f"{path.name} has no expect"
     # One incident gives at most one decision per action (DESIGN.md) in force: a superseded

@@ -3,8 +3,14 @@
 An incident is one failure of one job attempt (`1001.0`: job 1001, restart count 0), the n-th
 failure of an idle node (`node:gpu02`, then `node:gpu02:2`, ...), the verifier's judgement of a
 requeued attempt (`verify:1001.0`), or a human's return of nodes to service (`resume:gpu[01-02]`).
-The key reaches Slurm in a drain reason (`slurmedic: node:gpu02:2 gpu_hardware`), so every key
-is made of characters a reason may hold: letters, digits and `:._-[],`.
+The key reaches Slurm in a drain reason (`slurmedic: node:gpu02:2 gpu_hardware`, built here:
+`drain_reason`), so every key a drain can carry is made of characters a reason may hold:
+letters, digits and `:._-` (a resume's `[],+` never reach a reason: nothing drains for one).
+
+Lengths: a node name is at most 64 characters (HOST_NAME_MAX), so the longest key a playbook
+sees is an idle node's n-th failure, `node:` + 64 + `:` + 6 digits = 76, the bound of the
+playbooks' incident pattern (playbooks/vars/slurmedic.yml says how each bound follows from the
+last). A resume's key is kept within MAX_LEN, what the ledger's columns hold.
 
 Every consumer (engine, executor, verifier, CLI) builds and reads keys here; nothing else splits
 them. Ledgers written before this module may hold `node:gpu02#2`: it is read as `node:gpu02:2`.
@@ -12,21 +18,26 @@ them. Ledgers written before this module may hold `node:gpu02#2`: it is read as 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Literal
 
 import hostlist
 
-from webhook.core.cluster import NODE_NAME
+from webhook.core.patterns import DRAIN_REASON, NODE_NAME
 
 Kind = Literal["attempt", "node", "verify", "resume"]
 _ATTEMPT = re.compile(r"^([0-9]{1,10})\.([0-9]{1,6})\Z")  # \Z: no trailing newline
 # A node name holds no `:` or `#`; what it may hold is NODE_NAME's to say (of_node checks).
 _NODE = re.compile(r"^node:([^:#\n]+)(?:[:#]([0-9]{1,6}))?\Z")
-MAX_LEN = 64
+# The longest key of any kind, what the ledger's incident columns hold (webhook/ledger/schema.py):
+# the playbooks' 76 (a node's failure) and a resume of many long names (at most 82 + the digits
+# of its count, below).
+MAX_LEN = 128
 VERIFY = "verify:"  # the prefix of the verifier's keys (the ledger selects them by it)
 RESUME = "resume:"  # the prefix of a human's resumes (`slurmedic resume`)
+REASON = "slurmedic: "  # how a drain's reason starts: the nodes slurmedic drained, and may resume
 
 
 class BadIncidentKey(ValueError):
@@ -70,8 +81,12 @@ class IncidentKey:
         if self.kind == "node":
             return f"node:{self.node}" if self.seq == 1 else f"node:{self.node}:{self.seq}"
         key = f"{RESUME}{hostlist.collect_hostlist(list(self.nodes))}"
-        # A long list of unrelated names: the key names the first and how many more.
-        return key if len(key) <= MAX_LEN else f"resume:{self.nodes[0]},+{len(self.nodes) - 1}"
+        if len(key) <= MAX_LEN:
+            return key
+        # Too many names to list, or too long ones: the first and how many more, for people,
+        # and a digest of them all, so that two resumes of different nodes never share a key.
+        digest = hashlib.sha256(",".join(self.nodes).encode()).hexdigest()[:8]
+        return f"{RESUME}{self.nodes[0]},+{len(self.nodes) - 1}:{digest}"
 
     @classmethod
     def parse(cls, text: str) -> IncidentKey:
@@ -101,6 +116,19 @@ class IncidentKey:
         """The key of the node's next failure (node incidents only)."""
         assert self.kind == "node" and self.node is not None
         return IncidentKey.of_node(self.node, self.seq + 1)
+
+
+def drain_reason(incident: str, cause: str, note: str = "") -> str:
+    """The reason a drain gives Slurm: `slurmedic: <incident> <cause>`, then `note` (words that
+    say more: a repeat and its window) as far as the playbooks' reason pattern allows. The key
+    and the cause always fit (76 + 1 + 21 of the pattern's 160); the note's last words give
+    way, so that a drain is never refused for its reason's length (the decision's own reason,
+    in the ledger, keeps every word)."""
+    reason = f"{REASON}{incident} {cause}"
+    words = note.split()
+    while words and not DRAIN_REASON.match(" ".join([reason, *words])):
+        words.pop()
+    return " ".join([reason, *words])
 
 
 def judged_attempt(text: str) -> str | None:

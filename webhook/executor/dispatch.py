@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from webhook.core.decisions import JOB_ACTIONS
-from webhook.core.incidents import attempt_of
+from webhook.core.incidents import attempt_of, drain_reason
 from webhook.core.lifecycle import (
     APPROVED,
     AWAITING_APPROVAL,
@@ -62,7 +62,7 @@ def playbook_for(row: DecisionRow) -> tuple[str, dict[str, Any]] | None:
     """The playbook and extra vars that carry out a decision (None: nothing to run)."""
     attempt = attempt_of(row.incident) if row.job is not None else 0
     if row.action == "drain":
-        reason = f"slurmedic: {row.incident} {row.cause}"
+        reason = drain_reason(row.incident, row.cause)
         return "drain_nodes", {"slurmedic_nodes": row.nodes, "slurmedic_reason": reason}
     if row.action == "resume":
         return "resume_nodes", {"slurmedic_nodes": row.nodes}

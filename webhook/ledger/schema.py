@@ -21,7 +21,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from webhook.core.incidents import RESUME, VERIFY
+from webhook.core.incidents import MAX_LEN, RESUME, VERIFY
 
 ONCE = f"state <> 'superseded' AND incident NOT LIKE '{VERIFY}%' AND incident NOT LIKE '{RESUME}%'"
 
@@ -61,7 +61,8 @@ class IncidentRow(Base):
     """One failure of one job attempt (`<job>.<restarts>`), or of one idle node (`node:<name>`)."""
 
     __tablename__ = "incidents"
-    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Every kind of key, the longest node name's too (`node:` + 64 + `:12`); 64 before 0009.
+    key: Mapped[str] = mapped_column(String(MAX_LEN), primary_key=True)
     job: Mapped[int | None] = mapped_column(Integer, nullable=True)
     node: Mapped[str | None] = mapped_column(String(64), nullable=True)
     opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
@@ -93,7 +94,7 @@ class DecisionRow(Base):
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
-    incident: Mapped[str] = mapped_column(String(64))
+    incident: Mapped[str] = mapped_column(String(MAX_LEN))  # 64 before 0009
     job: Mapped[int | None] = mapped_column(Integer, nullable=True)
     action: Mapped[str] = mapped_column(String(16))
     cause: Mapped[str] = mapped_column(String(32))

@@ -30,6 +30,7 @@ from webhook.app.console.auth import UsersError, check_login, current, require, 
 from webhook.backtest.report import WORDS
 from webhook.core import disruption, trial
 from webhook.core.changes import Change, changes
+from webhook.core.incidents import drain_reason
 from webhook.core.lifecycle import APPROVED, AWAITING_APPROVAL, REJECTED, STATES
 from webhook.core.patterns import NODE_NAME
 from webhook.core.policy import ACTIONS, CAUSES, MODES
@@ -318,8 +319,7 @@ def _changes(d: DecisionRow, events: Iterable[DecisionEvent]) -> list[Change]:
     runs = _runs(events)
     if not runs:
         return []
-    reason = f"slurmedic: {d.incident} {d.cause}"
-    return changes(d.action, reason, runs[-1])
+    return changes(d.action, drain_reason(d.incident, d.cause), runs[-1])
 
 
 def _diagnostics(events: Iterable[DecisionEvent]) -> dict[str, Any] | None:
