@@ -24,6 +24,9 @@ from webhook.rules.render import JOB_GPUS_RECORD, RuleSource
 
 MTAIL_DIR = resources.MTAIL_PROGRAMS
 LAB_HANG_WAIT = "40s"  # the lab policy's hang_wait
+# The lab's Slurm notices a dead slurmd within seconds (SlurmdTimeout 10 s, MessageTimeout 5 s)
+# and its rules scrape every second: a burst's nodes alert within seconds of each other.
+LAB_BURST_WAIT = "15s"
 ALERTMANAGER_EXAMPLE = resources.ALERTMANAGER_EXAMPLE
 
 
@@ -396,7 +399,9 @@ def write_config(cfg: LabConfig) -> None:
     # Monitor mode; a short settle window for the lab's pace; 8 nodes would give a breaker of
     # one node at the default 10 %, so the lab allows half its nodes per hour. A stall waits for
     # a named node at the lab's pace too: its rules see a hang after 12 s, the trainer's NCCL
-    # timeout is 15 s (a test may give 30 s).
+    # timeout is 15 s (a test may give 30 s). Faults are injected one after another, minutes
+    # apart (`lab trial`): on 8 nodes, three within five minutes would be a burst, one shared
+    # cause; the lab's faults are independent, so a burst needs more nodes than it has.
     _write_yaml(
         cfg.etc / "policy.yml",
         {
@@ -405,6 +410,7 @@ def write_config(cfg: LabConfig) -> None:
             "hang_wait": LAB_HANG_WAIT,
             "breaker": {"max_fraction": 0.5},
             "verify": {"deadline": "90s"},
+            "shared_cause": {"burst_min_nodes": 9, "burst_wait": LAB_BURST_WAIT},
         },
     )
     cfg.joblogs.mkdir(parents=True, exist_ok=True)

@@ -131,11 +131,13 @@ class Event(_Model):
 
 class HistoryEntry(_Model):
     at: datetime
-    action: Literal["drain", "requeue", "stop", "escalate", "resume", "none"]
+    # `recovered`: a recovery check saw the job train again after a requeue.
+    action: Literal["drain", "requeue", "stop", "escalate", "resume", "none", "recovered"]
     job: int | None = None
     nodes: list[str] = []
     exclude: list[str] = []
     cause: str = ""
+    incident: str = ""  # the incident that decided it (`1001.0`), when known
 
 
 class Scenario(_Model):
@@ -273,6 +275,7 @@ def run(scenario: Scenario) -> list[Decision]:
             nodes=tuple(h.nodes),
             exclude=tuple(h.exclude),
             cause=h.cause,
+            incident=h.incident,
         )
         for h in scenario.history
     ]

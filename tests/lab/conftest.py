@@ -398,8 +398,16 @@ def lab_policy(tmp: Path, mode: str, **overrides: Any) -> Path:
                 "breaker": {"max_fraction": 0.5},
                 "verify": {"deadline": "90s"},
                 # One fault per test, but several tests within minutes under the lab's 4-node
-                # leaves would look like a switch storm: these tests are not about that.
-                "shared_cause": {"switch_min_nodes": 5, "cluster_min_nodes": 9},
+                # leaves would look like a switch storm, and three faults within five minutes
+                # on 8 nodes like a burst: these tests are not about that (a test about them
+                # gives shared_cause of its own). Slurm notices a dead slurmd within seconds
+                # here and the lab scrapes every second: a burst's hold, scaled.
+                "shared_cause": {
+                    "switch_min_nodes": 5,
+                    "cluster_min_nodes": 9,
+                    "burst_min_nodes": 9,
+                    "burst_wait": monitoring.LAB_BURST_WAIT,
+                },
             }
             | overrides
         )

@@ -96,7 +96,7 @@ def test_a_revision_supersedes_what_waits_and_keeps_what_ran(tmp_path: Path) -> 
     _, events = ledger.decision(first[1])  # type: ignore[misc]
     assert events[-1].state == "superseded"
     assert "gpu03" in events[-1].detail["superseded_by"]
-    assert ledger.carried_out(["3102.0", "9.0"]) == {"3102.0"}
+    assert ledger.carried_out(["3102.0", "9.0"]) == {"3102.0": {"drain"}}
     # A superseded decision is no history: it never happened.
     assert [h.action for h in ledger.history(T - timedelta(hours=1))] == ["drain", "requeue"]
     # A drain of another node is new, and an escalation is never held back by an earlier one.

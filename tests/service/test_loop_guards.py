@@ -76,8 +76,10 @@ def test_breaker_opens_survives_a_restart_and_closes_only_when_reset(tmp_path: P
     assert not [d for d in second if d.action == "drain"]
     assert ledger.setting(Breaker).open is True
 
-    # A restart does not close it.
+    # A restart does not close it. (Past the shared-cause window: three GPUs within it on
+    # eight nodes would be a burst, one shared cause.)
     loop = LiveLoop(ledger, policy, view, clock=clock)
+    clock.now += timedelta(minutes=6)
     xid(ledger, "gpu03", 3, clock.now)
     clock.now += timedelta(seconds=10)
     third = loop.step()
@@ -212,6 +214,7 @@ def test_the_global_switch_turns_waiting_and_new_decisions_into_records(tmp_path
 
     # Back to the policy: new decisions wait for a human again; the records stay records.
     ledger.put(Switch(monitor=False), clock.now)
+    clock.now += timedelta(minutes=6)  # past the shared-cause window: three are a burst
     xid(ledger, "gpu03", 3, clock.now)
     clock.now += timedelta(seconds=10)
     assert {(d.mode, d.state) for d in loop.step()} == {("approve", "awaiting_approval")}

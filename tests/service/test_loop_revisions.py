@@ -480,10 +480,10 @@ def test_a_storm_s_growth_is_judged_the_same_after_a_restart_an_hour_on(
 ) -> None:
     """Job 43 lost gpu09 six minutes before leaf1's storm (drained, requeued: its incident is
     closed); a minute after the storm, gpu10 and gpu11 (job 43's) lose their ports: not news
-    for job 43's carried-out decision, which named neither, but their own failures, escalated
-    with the storm; it grew to many nodes across jobs, and job 42, failing later, is not moved
-    off leaf1. A
-    restart 70 minutes on judges it the same: alerts no incident was decided on still count
+    for job 43's carried-out decision, which named neither, but their own failures, part of
+    the storm (a person was told of it with job 42's escalation); it grew to many nodes across
+    jobs, and job 42, failing later, is not moved off leaf1. A restart 70 minutes on judges it
+    the same: alerts no incident was decided on still count
     for rule 5 (found in review: they were not fed again, and the job was moved)."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     policy = load_policy({"settle_seconds": 5, "shared_cause": {"requeue_away": True}})
@@ -507,9 +507,10 @@ def test_a_storm_s_growth_is_judged_the_same_after_a_restart_an_hour_on(
     clock.now = T0 + timedelta(seconds=70)
     late = T0 + timedelta(seconds=60)
     deliver(ledger, clock.now, *(port_down(n, late) for n in ("gpu10", "gpu11")))
-    assert [(d.incident, d.action, d.cause) for d in steps(live, clock)] == [
-        ("node:gpu10", "escalate", "shared_infrastructure"),
-        ("node:gpu11", "escalate", "shared_infrastructure"),
+    # Part of the storm a person was told of (job 42's escalation): they say so.
+    assert [(d.incident, d.action, d.cause, d.guard) for d in steps(live, clock)] == [
+        ("node:gpu10", "none", "shared_infrastructure", "storm_escalated"),
+        ("node:gpu11", "none", "shared_infrastructure", "storm_escalated"),
     ]
     clock.now = T0 + timedelta(minutes=70)
     if restart:

@@ -36,7 +36,11 @@ def alert(at: datetime, **labels: str) -> Payload:
 
 
 def engine(v: ClusterView, **policy: object) -> Engine:
-    return Engine(view=v, policy=load_policy({"settle_seconds": 10, **policy}))
+    # No burst hold: these tests are about what is remembered, not about when a drain goes.
+    return Engine(
+        view=v,
+        policy=load_policy({"settle_seconds": 10, "shared_cause": {"burst_wait": 0}, **policy}),
+    )
 
 
 def drained_idle_node(e: Engine) -> None:

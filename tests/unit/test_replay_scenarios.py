@@ -81,6 +81,7 @@ def test_scenario(path: Path) -> None:
             "gpu_hardware",
             "node_failure",
             "network",
+            "degraded",
             "shared_infrastructure",
             "application",
             "hang",

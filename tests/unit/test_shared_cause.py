@@ -29,6 +29,7 @@ def afresh(
     failing = {n for n, start in latest.items() if start >= now - rules.window}
     shared: set[str] = set()
     why = []
+    note = ""  # a burst's words after the window
     away: dict[str, set[str]] = {}
     for switch, members in sorted(view.switches.items()):
         down = failing & set(members)
@@ -50,18 +51,21 @@ def afresh(
         shared |= failing
         why.append(f"{len(failing)} nodes across {len(jobs)} jobs")
         away = {}  # cluster-wide: no healthy side to move to
-    elif burst(view, failing, latest, rules, qualifying={w for w in why}):
+    elif burst(view, failing, latest, rules):
         units, leaves, expected = _burst_counts(view, failing, rules)
         on = f" on {len(leaves)} leaf switches" if leaves else ""
         held = f"{len(jobs)} job(s)" if jobs else "idle nodes"
         shared |= failing
-        why.append(
-            f"{len(units)} failures{on} across {held} (a burst: this cluster's failure rate, "
-            f"{rules.failure_rate:g} per 1,000 node-days, expects {expected:.1g} in the window)"
-        )
+        count = f"{len(failing)} nodes"
+        if len(units) != len(failing):
+            count += f" in {len(units)} failures"
+        why.append(f"{count}{on} across {held}")
+        rate = f"{rules.failure_rate:g} per 1,000 node-days"
+        note = f", where this cluster's failure rate ({rate}) expects {expected:.1g}"
         away = {}
     window = int(rules.window.total_seconds())
     said = f"{' and '.join(why)} failed within {window}s" if why else ""
+    said += note
     return shared, said, {n: tuple(sorted(a)) for n, a in away.items()}
 
 
@@ -103,7 +107,6 @@ def burst(
     failing: set[str],
     latest: dict[str, datetime],
     rules: SharedCause,
-    qualifying: object = None,
 ) -> bool:
     units, leaves, expected = _burst_counts(view, failing, rules)
     holders = {j.id for n in failing for j in view.jobs_on(n, latest[n])} | {
@@ -192,7 +195,7 @@ def test_the_kept_count_agrees_with_counting_afresh() -> None:
         shared_seen += bool(shared)
         switch_only += bool(away)
         cluster_wide += bool(shared) and not away
-        bursts += "a burst" in why
+        bursts += "failure rate" in why
     assert checked == 600 and shared_seen > 50  # the shared cause did come up, often
     assert switch_only > 20 and cluster_wide > 20 and bursts > 20  # every kind, each often
 
@@ -242,7 +245,7 @@ def test_jobs_slurm_has_ended_still_count_across_jobs() -> None:
     assert verdict.jobs == 0 and not verdict.cluster_wide
     # Four idle nodes at once are a burst, though (no job to count across: each its own).
     assert verdict.burst and verdict.covers("n004")
-    assert "4 failures across idle nodes (a burst" in verdict.reason
+    assert verdict.reason.startswith("4 nodes across idle nodes failed within 300s, where this")
     calm = later.at(
         T0 + timedelta(minutes=3), view, rules.model_copy(update={"burst_min_nodes": 5})
     )

@@ -352,12 +352,14 @@ class GuardState:
     def _drains_of(self, nodes: Collection[str]) -> dict[str, list[PastAction]]:
         return {n: self._index.drains_of(self.history, n) for n in nodes}
 
-    def requeue_for(self, job: int, cause: str, since: datetime) -> PastAction | None:
-        """The job's last requeue for `cause` since `since`, if any."""
+    def requeue_for(self, job: int, cause: str, since: datetime | None) -> PastAction | None:
+        """The job's last requeue for `cause` ("": any) since `since` (None: ever), if any."""
         found = [
             h
             for h in self._index.of_job(self.history, job)
-            if h.action == "requeue" and h.cause == cause and h.at >= since
+            if h.action == "requeue"
+            and (not cause or h.cause == cause)
+            and (since is None or h.at >= since)
         ]
         return max(found, key=lambda h: h.at) if found else None
 
@@ -392,12 +394,13 @@ class GuardState:
         return max(found, key=lambda h: h.at) if found else None
 
 
-def closes(carried: Iterable[str], waits_for_job: bool) -> bool:
-    """Whether actions carried out close an incident (no more revisions: what arrives later is
-    their consequence). A drain that leaves the job running (degraded hardware: Slurm lets it
-    finish) does not, while the incident waits for its job: the job's failure there is news."""
+def closes(carried: Iterable[str], standing: Iterable[Decision]) -> bool:
+    """Whether actions carried out close an incident whose decisions in force are `standing`
+    (no more revisions: what arrives later is their consequence). A drain whose decisions left
+    the job running on purpose (degraded hardware: Slurm lets it finish) does not: the job's
+    failure there is news."""
     done = set(carried) & SCHEDULER_ACTIONS
-    if waits_for_job:
+    if any(d.action == "none" and d.guard == "job_running" for d in standing):
         return bool(done & JOB_ACTIONS)
     return bool(done)
 

@@ -53,13 +53,13 @@ from datetime import datetime, timedelta
 from webhook.core.alerts import Payload
 from webhook.core.attribution import Attribution, attribute, blames_nobody, stall_only
 from webhook.core.cluster import ClusterView, Job
-from webhook.core.decisions import Decision, GuardState, PastAction, closes
+from webhook.core.decisions import DRAIN_CAUSES, Decision, GuardState, PastAction, closes
 from webhook.core.evidence import Evidence, from_alert
 from webhook.core.guards import decide
 from webhook.core.incidents import IncidentKey, attempt_of
 from webhook.core.policy import SHARED, Policy
 from webhook.core.shared_cause import FailingNodes, Judged, Judgement, SharedCauses
-from webhook.core.signals import HARDWARE
+from webhook.core.signals import AGAINST_NODE, UNREACHABLE
 
 EvidenceKey = tuple[str, datetime]  # fingerprint, startsAt to the second (as the ledger keeps it)
 
@@ -104,8 +104,19 @@ class Receipt:
 
 
 def signature(decisions: Iterable[Decision]) -> set[tuple[object, ...]]:
-    """What a set of decisions does, whatever its wording: revisions compare these."""
-    return {(d.action, d.cause, tuple(d.nodes), tuple(d.exclude), d.guard) for d in decisions}
+    """What a set of decisions does, whatever its wording: revisions compare these. An
+    escalation hands the incident to a person whatever nodes it names (a storm that grew is the
+    same storm)."""
+    return {
+        (
+            d.action,
+            d.cause,
+            () if d.action == "escalate" else tuple(d.nodes),
+            tuple(d.exclude),
+            d.guard,
+        )
+        for d in decisions
+    }
 
 
 # How often (engine time) forgotten things are swept out, as a share of the retention.
@@ -162,7 +173,7 @@ class Engine:
             )
             # Closed by what of it was carried out (or counted so: monitor and enforce
             # decisions), as a decision is: the ledger says which actions those were.
-            if closes(inc.carried, inc.until_job_ends):
+            if closes(inc.carried, inc.standing):
                 inc.closed = True
             if inc.closed:
                 inc.until_job_ends = until_job_ends(inc.standing, None)
@@ -175,7 +186,7 @@ class Engine:
         """Incidents some of whose actions were carried out (incident -> those actions): not
         revised any more, unless all that ran leaves their job running (`closes`)."""
         for k, actions in carried.items():
-            if (inc := self.incidents.get(k)) is None or not closes(actions, inc.until_job_ends):
+            if (inc := self.incidents.get(k)) is None or not closes(actions, inc.standing):
                 continue
             inc.closed, inc.check_at = True, None
             self._indexed(inc)
@@ -194,7 +205,7 @@ class Engine:
         """Whether `ev` is news `inc`'s carried-out decision cannot take: hardware evidence it
         did not see, on a node none of its decisions named (drained, found drained already,
         excluded, handed to a person)."""
-        if not inc.closed or ev.node is None or ev.signal not in HARDWARE:
+        if not inc.closed or ev.node is None or ev.signal not in AGAINST_NODE:
             return False
         if evidence_key(ev.fingerprint, ev.starts_at) in inc.known:
             return False
@@ -312,13 +323,13 @@ class Engine:
         jobs = self.view.jobs_on(ev.node, ev.starts_at)
         if jobs:
             attempts = [self._incident(self._attempt_key(j, ev), j.id, None, at) for j in jobs]
-            if ev.signal in HARDWARE:
+            if ev.signal in AGAINST_NODE:
                 # A job that shared the node and died of the fault before the alert fired is
                 # its victim too (a packed node: the one still running is not the only one).
                 held = {i.key for i in attempts}
                 attempts += [i for i in self._failed_before(ev, at) if i.key not in held]
             return self._or_the_node(attempts, ev, at)
-        if ev.signal not in HARDWARE:
+        if ev.signal not in AGAINST_NODE:
             return []  # nothing ran there: only evidence against the node itself matters
         if late := self._failed_before(ev, at):
             return late
@@ -510,6 +521,10 @@ class Engine:
             if not incident.decided and waits and now < wait_until:
                 incident.check_at = wait_until  # evidence that arrives sooner looks sooner
                 return []
+            held = self._burst_hold(attr, incident.evidence)
+            if not incident.decided and held is not None and now < held:
+                incident.check_at = held
+                return []
             outcome = decide(
                 incident=incident.key,
                 attr=attr,
@@ -543,7 +558,7 @@ class Engine:
         # A scheduler action in monitor or enforce mode is carried out now (monitor's dry run
         # stands for it: monitor shows what enforce does); approve waits for a human, and the
         # loop closes the incident once the action runs.
-        if closes((d.action for d in made if d.mode != "approve"), incident.until_job_ends):
+        if closes((d.action for d in made if d.mode != "approve"), made):
             incident.closed = True
         if incident.decided:
             # Nothing to decide any more (Slurm forgot the job) is no reason to undo anything.
@@ -557,6 +572,18 @@ class Engine:
         incident.decided, incident.decided_at = True, now
         incident.standing = made
         return made
+
+    def _burst_hold(self, attr: Attribution, evidence: list[Evidence]) -> datetime | None:
+        """Until when a drain of nodes that stopped answering or lost their port waits for the
+        others of a burst (`shared_cause.burst_wait` from the latest start of that evidence):
+        Slurm notices a blip's nodes over a ping cycle, the rules over a scrape, and the first
+        of them alone is no burst yet. None: nothing to wait for."""
+        if attr.cause not in DRAIN_CAUSES or not attr.nodes or attr.shared:
+            return None
+        starts = [e.starts_at for e in evidence if e.signal in UNREACHABLE and e.node in attr.nodes]
+        if not starts:
+            return None
+        return max(starts) + self.policy.shared_cause.burst_wait
 
     # ---- memory ------------------------------------------------------------------------
     def _sweep(self, now: datetime) -> None:

@@ -46,7 +46,7 @@ from webhook.core.evidence import Evidence
 from webhook.core.incidents import IncidentKey
 from webhook.core.lifecycle import PENDING
 from webhook.core.policy import SHARED, Policy
-from webhook.core.signals import FAILURE_SIGNALS, STRAGGLER
+from webhook.core.signals import FAILURE_SIGNALS, STALL, STRAGGLER
 
 
 @dataclass(frozen=True)
@@ -289,19 +289,40 @@ def _application_again(d: Decision, job: Job, ctx: Context) -> Outcome:
 
 def _hang_again(d: Decision, job: Job, ctx: Context) -> Outcome:
     earlier = ctx.guards.blameless_requeue(job.id, ctx.now - ctx.policy.retry_budget.window)
-    before = str(IncidentKey.of_attempt(job.id, job.restarts - 1)) if job.restarts else ""
-    if earlier is None or earlier.incident != before:
+    if earlier is None or not _led_to(earlier, job, ctx.guards):
         return _keep(d)
     if ctx.guards.recovered_since(job.id, earlier.at):
+        return _keep(d)  # it trained again: a new stall
+    # Without a recovery check's word: the stall began within the time a restart is given to
+    # pass the step it failed at (verify.deadline), or later, when it had trained a while.
+    began = min((e.since or e.starts_at for e in ctx.evidence if e.signal in STALL), default=None)
+    if job.started is not None and (
+        began is None or began > job.started + ctx.policy.verify.deadline
+    ):
         return _keep(d)
     why = (
         f"job {job.id} stalls again in attempt {job.restarts}, the successor of its requeue "
         f"at {earlier.at.astimezone(UTC):%H:%M:%SZ} for a failure nobody could be blamed for, "
-        f"and no recovery check saw it train since: a second blind requeue would hold its "
-        f"{len(job.nodes)} node(s) for nothing again; a human must look. {ctx.attr.reason}"
+        f"before it was seen to train (no recovery check saw it pass its failure point, and "
+        f"the stall began within {durations.format(ctx.policy.verify.deadline)} of its "
+        f"start): a second blind requeue would hold its {len(job.nodes)} node(s) for nothing "
+        f"again; a human must look. {ctx.attr.reason}"
     )
     again = replace(_bare(d), action="escalate", guard="repeated_without_progress", reason=why)
     return Outcome((again,))
+
+
+def _led_to(requeue: PastAction, job: Job, guards: GuardState) -> bool:
+    """Whether `requeue` made the job's current attempt: it requeued the attempt before, or
+    (its incident unknown: a scenario's history) it is the job's last requeue, made before the
+    attempt started."""
+    if requeue.incident:
+        return job.restarts > 0 and requeue.incident == str(
+            IncidentKey.of_attempt(job.id, job.restarts - 1)
+        )
+    last = guards.requeue_for(job.id, "", None)
+    started = job.started is None or requeue.at <= job.started
+    return last is requeue and started
 
 
 def unseen_restart(job: Job, memory_since: datetime) -> bool:

@@ -93,6 +93,11 @@ class SharedCause(_Strict):
     failure_rate: float = Field(default=6.5, gt=0)
     burst_chance: float = Field(default=1e-6, gt=0, lt=1)
     burst_min_nodes: int = Field(default=3, ge=2)
+    # A node that stopped answering or lost its fabric port is drained no sooner than this after
+    # its alert started: Slurm notices a blip's nodes over a ping cycle (MessageTimeout, 10 s by
+    # default), the rules over a scrape, and the first of them alone is no burst yet. A GPU's own
+    # fault is not held. 0: no hold.
+    burst_wait: Duration = timedelta(seconds=60)
     # A job that has failed of a switch's fault (it ended by a fault, a rank logged a fatal
     # error, or its progress stalled) is requeued at once, off every node of the failing
     # switch, none of them drained; the switch still goes to a person. Off: the job waits for

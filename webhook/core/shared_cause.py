@@ -279,17 +279,21 @@ class SharedCauses:
             ]
             if self.cluster_wide:
                 why.append(f"{len(failing._window)} nodes across {self.jobs} jobs")
-            elif self.burst:
+            burst = not self.cluster_wide and self.burst
+            if burst:
                 leaves = {s for n in failing._window for s in failing._switches_of.get(n, ())}
                 on = f" on {len(leaves)} leaf switches" if leaves else ""
                 jobs = f"{self.jobs} job(s)" if self.jobs else "idle nodes"
-                why.append(
-                    f"{len(self._units())} failures{on} across {jobs} (a burst: this "
-                    f"cluster's failure rate, {self._rules.failure_rate:g} per 1,000 "
-                    f"node-days, expects {self.expected_failures():.1g} in the window)"
-                )
+                down, units = len(failing._window), len(self._units())
+                many = f"{down} nodes" if down == units else f"{down} nodes in {units} failures"
+                why.append(f"{many}{on} across {jobs}")
             window = int(self._rules.window.total_seconds())
             self._reason = f"{' and '.join(why)} failed within {window}s" if why else ""
+            if burst:
+                self._reason += (
+                    f", where this cluster's failure rate ({self._rules.failure_rate:g} per "
+                    f"1,000 node-days) expects {self.expected_failures():.1g}"
+                )
         return self._reason
 
 

@@ -58,6 +58,13 @@ APPLICATION = of_kind(Kind.APPLICATION)
 TIMEOUT = of_kind(Kind.TIMEOUT)
 HANG = of_kind(Kind.HANG)
 STRAGGLER = of_kind(Kind.STRAGGLER)
+# A node that cannot be reached (it stopped answering, its fabric port is down): what a blip of
+# the controller's or the fabric's network gives many nodes at once (rule 5's bursts). A GPU's
+# own fault is its own.
+UNREACHABLE = frozenset(s for s, cause in HARDWARE.items() if cause in ("node_failure", "network"))
+# Evidence against a node itself, whatever its job does: a failure of the node when it runs no
+# job, and news for a job that died on it before the alert fired.
+AGAINST_NODE = frozenset((*HARDWARE, *DEGRADED))
 # Evidence that can only say "the job stalled": it names no node by itself.
 STALL = frozenset((*HANG, *TIMEOUT))
 FAILURE_SIGNALS = frozenset(s.name for s in VOCABULARY if s.failed)
