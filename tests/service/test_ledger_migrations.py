@@ -21,7 +21,7 @@ from sqlalchemy import make_url
 from tests.service.conftest import PG_BIN
 from webhook.core.cluster import ClusterView
 from webhook.core.decisions import Decision
-from webhook.core.engine import Engine
+from webhook.core.engine import Engine, Snapshot
 from webhook.ledger import migrate
 from webhook.ledger.schema import Base
 from webhook.ledger.settings import Breaker, Heartbeat, Jobs, Nodes, Switch
@@ -58,10 +58,10 @@ def assert_previous_rows(ledger: Ledger) -> None:
     assert [e.state for e in found[1]] == ["pending", "running", "executed", "note"]
     assert found[1][-1].detail["diagnostics"] == {"nodes": {}}
     (incident,) = ledger.restore_incidents(since=T - timedelta(hours=1))
-    assert (incident.key, incident.job) == ("7.0", 7)
+    assert (incident.key, incident.current) == ("7.0", True)
     assert incident.carried == {"drain", "requeue"}
     engine = Engine(view=ClusterView())
-    engine.restore([incident])
+    engine.restore(Snapshot(incidents=[incident]))
     assert engine.incidents["7.0"].closed  # what ran closes it: the engine's rule
     (recovery,) = ledger.recoveries()
     assert (recovery.state, recovery.restored_seconds) == ("recovered", 300)

@@ -56,6 +56,5 @@ def test_a_restart_reads_old_incidents_as_keys_alone(tmp_path: Path) -> None:
 
     restored = {i.key: i for i in ledger.restore_incidents(since=clock.now - timedelta(days=1))}
     old, recent = restored["node:gpu07"], restored["node:gpu08"]
-    assert old.closed and old.decided and not old.evidence and not old.known
-    assert old.standing == []
+    assert not old.current and not old.known and old.standing == ()
     assert recent.known and [d.action for d in recent.standing] == ["drain"]

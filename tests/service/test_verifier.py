@@ -18,6 +18,7 @@ import pytest
 from webhook.adapters.prometheus import Prometheus
 from webhook.core.cluster import ClusterView, Job
 from webhook.core.decisions import Decision, GuardState
+from webhook.core.engine import Engine
 from webhook.core.policy import load_policy
 from webhook.ledger.store import Ledger
 from webhook.service.verify import Verifier
@@ -102,6 +103,17 @@ def executed_requeue(ledger: Ledger, job: int) -> None:
     ledger.add_event(rid, "executed", {"by": "test"}, T0 + timedelta(seconds=9))
 
 
+def sees(engine: Engine, v: ClusterView) -> Engine:
+    """The engine the verifier judges with, its cluster view `v` now."""
+    engine.update_view(v)
+    return engine
+
+
+def afresh(verifier: Verifier, v: ClusterView) -> Engine:
+    """A new engine of the verifier's policy, seeing `v`."""
+    return sees(Engine(ClusterView(), verifier.policy), v)
+
+
 def view(job: int, restarts: int = 1, state: str = "RUNNING") -> ClusterView:
     v = ClusterView()
     v.set_job(Job(id=job, nodes=("gpu02",), state=state, restarts=restarts,
@@ -122,21 +134,21 @@ def watching(prom: FakePrometheus, tmp_path: Path, job: int) -> tuple[Ledger, Ve
 
 def test_a_requeue_is_watched_then_verified(prom: FakePrometheus, tmp_path: Path) -> None:
     ledger, verifier = watching(prom, tmp_path, 7)
-    guards = GuardState()
+    engine = Engine(view=ClusterView(), policy=verifier.policy)
     prom.answer = vector(*progress(7, 0, 120, 118))  # the failed attempt, as of the requeue
-    assert verifier.step(view(7), guards) == []
+    assert verifier.step(sees(engine, view(7))) == []
     (watch,) = ledger.watching()
     assert watch.point.step == 120 and watch.fault_at == T0
     # The failure point was read as of the run's start (before scontrol), not later.
     assert float(prom.queries[0]["time"][0]) == (T0 + timedelta(seconds=7)).timestamp()
     prom.answer = vector(*progress(7, 1, 121, 119))
-    assert verifier.step(view(7), guards) == [] and ledger.watching()
+    assert verifier.step(sees(engine, view(7))) == [] and ledger.watching()
     prom.answer = vector(*progress(7, 1, 125, 121))
-    verifier.step(view(7), guards)
+    verifier.step(sees(engine, view(7)))
     (rec,) = ledger.recoveries("recovered")
     assert rec.restored_seconds is not None and rec.restored_seconds > 0
     assert rec.restored_seconds == (NOW - T0).total_seconds()
-    assert [h.action for h in guards.history] == ["recovered"]
+    assert [h.action for h in engine.guards.history] == ["recovered"]
 
 
 @pytest.mark.parametrize(
@@ -153,10 +165,10 @@ def test_a_prometheus_that_answers_nonsense_judges_nothing_and_breaks_nothing(
 ) -> None:
     ledger, verifier = watching(prom, tmp_path, 8)
     prom.answer = vector(*progress(8, 0, 50))
-    verifier.step(view(8), GuardState())
+    verifier.step(afresh(verifier, view(8)))
     prom.answer = answer
     # The successor ended: with progress it would be a failed recovery; without, nothing yet.
-    assert verifier.step(view(8, state="FAILED"), GuardState()) == []
+    assert verifier.step(afresh(verifier, view(8, state="FAILED"))) == []
     assert len(ledger.watching()) == 1
 
 
@@ -169,7 +181,7 @@ def test_old_requeues_are_not_judged_when_verification_is_turned_on(
     policy = load_policy({"verify": {"deadline": "1m", "pending_limit": "1m"}})
     verifier = Verifier(ledger, Prometheus(url), policy, clock=lambda: T0 + timedelta(hours=1))
     prom.answer = vector()
-    assert verifier.step(view(9, state="FAILED"), GuardState()) == []
+    assert verifier.step(afresh(verifier, view(9, state="FAILED"))) == []
     assert ledger.watching() == [] and ledger.recoveries() == []
 
 
@@ -178,9 +190,9 @@ def test_a_failed_recovery_from_the_ledger_is_counted_once_by_its_attempts_reque
 ) -> None:
     ledger, verifier = watching(prom, tmp_path, 7)
     prom.answer = vector(*progress(7, 0, 120))
-    verifier.step(view(7), GuardState())
+    verifier.step(afresh(verifier, view(7)))
     prom.answer = vector(*progress(7, 1, 100))
-    assert verifier.step(view(7, state="FAILED"), GuardState())  # 7.1 ended short of step 120
+    assert verifier.step(afresh(verifier, view(7, state="FAILED")))  # 7.1 ended short of step 120
     (failed,) = [h for h in ledger.history(T0) if h.action == "recovery_failed"]
     assert failed.incident == "verify:7.0"
     guards = GuardState(history=list(ledger.history(T0)))

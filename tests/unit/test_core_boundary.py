@@ -1,5 +1,6 @@
 """The core's boundary: real Alertmanager payloads, fingerprints, identity, policy, bad files."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -236,3 +237,69 @@ def test_a_scenario_refuses_what_it_would_silently_ignore(
     )
     assert out.returncode == 2 and named in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+# What the engine keeps, that only the engine changes (its inputs are its methods).
+ENGINE_STATE = {"guards", "seen", "incidents", "decided_on", "failing", "forgotten_nodes"}
+MUTATORS = {"append", "extend", "update", "add", "pop", "clear", "remove", "insert", "discard"}
+
+
+def _engine_writes(tree: ast.AST) -> list[str]:
+    """Writes outside the core into an engine's state: `x.engine.guards... = `, `del`, augmented
+    assignment, or a mutating method called on it (`x.engine.guards.history.append(...)`)."""
+
+    def reaches_state(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Attribute | ast.Subscript):
+            return False  # a name bound anew is no write into anything
+        while isinstance(node, ast.Attribute | ast.Subscript):
+            if isinstance(node, ast.Attribute) and node.attr == "guards":
+                return True  # the guards' memory, wherever it was reached from
+            if isinstance(node, ast.Attribute) and node.attr in ENGINE_STATE:
+                inner = node.value
+                name = inner.attr if isinstance(inner, ast.Attribute) else getattr(inner, "id", "")
+                if name == "engine":
+                    return True
+            node = node.value
+        return isinstance(node, ast.Name) and node.id == "guards"
+
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
+            targets = list(getattr(node, "targets", None) or [node.target])  # type: ignore[attr-defined]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in MUTATORS
+        ):
+            targets = [node.func.value]
+        found += [ast.unparse(t) for t in targets if reaches_state(t)]
+    return found
+
+
+def test_no_module_outside_the_core_writes_the_engine_s_state() -> None:
+    """Every change of the engine's state is an input to it (Engine.receive, tick, update_view,
+    close, restore, settle, switch, reset_breaker, judged): the loop, the verifier, the
+    simulator and replay call those, and never write its guards or incidents themselves."""
+    package = REPO / "webhook"
+    writes = {
+        str(path.relative_to(REPO)): found
+        for path in sorted(package.rglob("*.py"))
+        if "core" not in path.relative_to(package).parts[:1]
+        and (found := _engine_writes(ast.parse(path.read_text())))
+    }
+    assert writes == {}
+    # And the check finds such a write where there is one.
+    sample = (
+        "self.engine.guards.history.append(kept)\n"
+        "loop.engine.guards.monitor_forced = True\n"
+        "guards.history.append(kept)\n"
+        "loop.engine.incidents.pop(key)\n"
+        "loop.engine.view.jobs.get(7)\n"
+    )
+    assert sorted(_engine_writes(ast.parse(sample))) == [
+        "guards.history",
+        "loop.engine.guards.monitor_forced",
+        "loop.engine.incidents",
+        "self.engine.guards.history",
+    ]

@@ -11,7 +11,7 @@ import pytest
 from webhook.core.alerts import Alert, Payload, wrap
 from webhook.core.cluster import ClusterView, Job, Node
 from webhook.core.decisions import PastAction
-from webhook.core.engine import Engine, Incident
+from webhook.core.engine import Engine, Restored, Snapshot
 from webhook.core.policy import PolicyError, load_policy
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -140,16 +140,16 @@ def test_an_incident_waiting_for_its_job_to_end_is_not_forgotten() -> None:
 def test_a_restored_incident_past_the_retention_is_forgotten_and_its_node_fails_afresh() -> None:
     e = engine(view())
     e.restore(
-        [
-            Incident(
-                key="node:gpu05",
-                job=None,
-                node="gpu05",
-                opened_at=T0 - 3 * DAY,
-                decided_at=T0 - 3 * DAY,
-                closed=True,
-            )
-        ]
+        Snapshot(
+            incidents=[
+                Restored(
+                    key="node:gpu05",
+                    opened_at=T0 - 3 * DAY,
+                    decided_at=T0 - 3 * DAY,
+                    current=False,
+                )
+            ]
+        )
     )
     e.tick(T0)
     assert e.incidents == {}

@@ -20,7 +20,6 @@ from webhook.core.recovery import (
     Watch,
     failure_point,
     judge,
-    on_failure,
 )
 from webhook.ledger.store import Ledger
 
@@ -147,33 +146,39 @@ def test_waiting_in_the_queue_is_not_a_failure() -> None:
 
 
 def test_a_failed_recovery_escalates_and_the_second_before_a_checkpoint_stops() -> None:
-    policy = load_policy({"mode": "enforce"})
-    guards = GuardState()
+    """The engine remembers each verdict and takes a failed one through the guards: the
+    stop is no_progress's, once the job's failures before a checkpoint reach the limit."""
+    engine = Engine(view=ClusterView(), policy=load_policy({"mode": "enforce"}))
     now = at(300)
     v = judge(WATCH, ranks(1, 2), job("FAILED"), now, VERIFY)
-    first = on_failure(WATCH, v, job("PENDING", restarts=2), guards, policy, now)
+    first = engine.judged(WATCH, v, job("PENDING", restarts=2), now)
     assert [(d.action, d.guard, d.incident) for d in first] == [
         ("escalate", "recovery_failed", "verify:42.0")
     ]
-    guards.history.append(
-        PastAction(at=now, action="recovery_failed", job=42, before_checkpoint=True)
-    )
-    second = on_failure(WATCH, v, job("RUNNING", restarts=2), guards, policy, now)
+    assert [h.action for h in engine.guards.history] == ["recovery_failed"]
+    second = engine.judged(WATCH, v, job("RUNNING", restarts=2), now)
     assert [(d.action, d.guard, d.incident, d.state) for d in second] == [
         ("escalate", "recovery_failed", "verify:42.0", "pending"),
         ("stop", "no_progress", "verify:42.2", "pending"),  # the attempt that runs now
     ]
     # A job that ended needs no stop; a failure that was not charged stops nothing.
-    assert [d.action for d in on_failure(WATCH, v, job("FAILED", 2), guards, policy, now)] == [
-        "escalate"
-    ]
+    assert [d.action for d in engine.judged(WATCH, v, job("FAILED", 2), now)] == ["escalate"]
     uncharged = replace(v, charged=False)
-    assert [d.action for d in on_failure(WATCH, uncharged, job(), guards, policy, now)] == [
-        "escalate"
-    ]
+    assert [d.action for d in engine.judged(WATCH, uncharged, job(), now)] == ["escalate"]
     # "In a row": a good recovery in between starts the count again.
-    guards.history.append(PastAction(at=at(301), action="recovered", job=42))
-    assert [d.action for d in on_failure(WATCH, v, job(), guards, policy, at(302))] == ["escalate"]
+    assert engine.judged(WATCH, Verdict("recovered", "ok", 10.0), job(), at(301)) == []
+    assert [d.action for d in engine.judged(WATCH, v, job(), at(302))] == ["escalate"]
+    # The guards' scope holds for it as for any decision: a job outside the policy's
+    # partitions is not stopped.
+    scoped = Engine(
+        view=ClusterView(),
+        policy=load_policy({"mode": "enforce", "scope": {"partitions": ["other"]}}),
+    )
+    made = [scoped.judged(WATCH, v, job("RUNNING", restarts=2), now) for _ in range(2)]
+    assert [[(d.action, d.guard) for d in m] for m in made] == [
+        [("escalate", "recovery_failed")],
+        [("escalate", "recovery_failed"), ("none", "out_of_scope")],
+    ]
 
 
 def test_failed_recoveries_spend_the_retry_budget() -> None:
@@ -197,9 +202,9 @@ def test_the_ledger_remembers_recoveries_for_the_guards(tmp_path: Path) -> None:
     ledger.watch(WATCH)
     assert ledger.watching() == [WATCH]
     ids = ledger.conclude(
-        "42.0", failed, at(60), on_failure(WATCH, failed, None, GuardState(), policy, at(60))
+        "42.0", failed, at(60), Engine(ClusterView(), policy).judged(WATCH, failed, None, at(60))
     )
-    ledger.record(on_failure(WATCH, again, None, GuardState(), policy, at(61)))
+    ledger.record(Engine(ClusterView(), policy).judged(WATCH, again, None, at(61)))
     assert ledger.watching() == [] and ledger.recoveries("failed")[0].before_checkpoint
     assert [r.guard for r in ledger.rows(ids)] == ["recovery_failed"]
     # Only the charged failure spends the budget.

@@ -46,18 +46,26 @@ failure (it started before that failure was decided) is history, not news: it is
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from webhook.core.alerts import Payload
 from webhook.core.attribution import Attribution, attribute, blames_nobody, stall_only
 from webhook.core.cluster import ClusterView, Job
-from webhook.core.decisions import DRAIN_CAUSES, Decision, GuardState, PastAction, closes
+from webhook.core.decisions import (
+    DRAIN_CAUSES,
+    Counted,
+    Decision,
+    GuardState,
+    PastAction,
+    closes,
+)
 from webhook.core.evidence import Evidence, from_alert
-from webhook.core.guards import decide
+from webhook.core.guards import decide, decide_recovery
 from webhook.core.incidents import IncidentKey, attempt_of
 from webhook.core.policy import SHARED, Policy
+from webhook.core.recovery import Verdict, Watch, remembered
 from webhook.core.shared_cause import FailingNodes, Judged, Judgement, SharedCauses
 from webhook.core.signals import AGAINST_NODE, UNREACHABLE
 
@@ -86,10 +94,44 @@ class Incident:
     # The decision holds only while the job runs (an application symptom): look at its end.
     until_job_ends: bool = False
     closed: bool = False  # carried out: no more revisions
-    # Restored from the ledger: its actions carried out, or counted so (monitor, enforce).
-    carried: frozenset[str] = frozenset()
     # The nodes of its evidence rule 5 covered when it was decided, and why (Judged).
     shared: Judgement = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Restored:
+    """An incident as the ledger keeps it, for a restart: when it opened and was decided, the
+    decisions in force, the evidence they were made from (its keys), the revision it reached,
+    which of its actions were carried out (or counted so: monitor and enforce decisions), and
+    rule 5's judgement of its evidence. Not `current`: not one of the engine's own, or decided
+    before the retention (it comes back closed, a key and its times: a node's next failure
+    still gets the next key)."""
+
+    key: str
+    opened_at: datetime
+    decided_at: datetime
+    standing: tuple[Decision, ...] = ()
+    known: frozenset[EvidenceKey] = frozenset()
+    revision: int = 0
+    carried: frozenset[str] = frozenset()
+    shared: Judgement = field(default_factory=dict)
+    current: bool = True
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the ledger holds of the engine's state (Engine.restore): the incidents, the guards'
+    history since `since` and the older actions that say what Slurm still excludes for a job
+    (`exclusions`), when the record begins, and the breaker."""
+
+    incidents: Sequence[Restored] = ()
+    history: Sequence[PastAction] = ()
+    exclusions: Sequence[PastAction] = ()
+    since: datetime | None = None
+    jobs: Collection[int] | None = None  # the jobs Slurm knows (None: no view yet)
+    memory_since: datetime | None = None
+    breaker_open: bool = False
+    breaker_reset_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -160,27 +202,98 @@ class Engine:
     def with_history(cls, view: ClusterView, policy: Policy, history: list[PastAction]) -> Engine:
         return cls(view=view, policy=policy, guards=GuardState(history=list(history)))
 
-    def restore(self, incidents: Iterable[Incident]) -> None:
-        """Incidents decided before a restart (the ledger's), so that their evidence, fed again,
-        is known, and a node's next failure is a new incident. Those past the retention are
-        forgotten at the next tick, as they would have been without the restart."""
-        for inc in incidents:
-            inc.decided = True
-            # Whether its job's end is news, from the decisions in force and this engine's
-            # policy (a switch's escalation watches its job with requeue_away).
-            inc.until_job_ends = until_job_ends(
-                inc.standing, None, shared=self.policy.shared_cause.requeue_away and not inc.closed
-            )
-            # Closed by what of it was carried out (or counted so: monitor and enforce
-            # decisions), as a decision is: the ledger says which actions those were.
-            if closes(inc.carried, inc.standing):
-                inc.closed = True
-            if inc.closed:
-                inc.until_job_ends = until_job_ends(inc.standing, None)
-            self.incidents[inc.key] = inc
-            for key in inc.known:
-                self.decided_on[key] = (*self.decided_on.get(key, ()), inc.key)
-            self._indexed(inc)
+    def restore(self, snapshot: Snapshot) -> None:
+        """The state before a restart, as the ledger holds it: the guards' memory, and the
+        incidents decided, so that their evidence, fed again, is known and a node's next
+        failure is a new incident. Those past the retention are forgotten at the next tick, as
+        they would have been without the restart."""
+        older = GuardState(history=list(snapshot.exclusions))
+        # Older exclusions too: Slurm keeps a job's ExcNodeList for as long as the job lives
+        # (the jobs Slurm knows, or all of them before the first view; the sweep prunes).
+        alive = snapshot.jobs
+        if alive is None:
+            alive = {h.job for h in older.history if h.job is not None}
+        in_force = older.exclusions_in_force(snapshot.since, alive) if snapshot.since else []
+        self.guards.history = [*in_force, *snapshot.history]
+        self.guards.memory_since = snapshot.memory_since
+        self.guards.breaker_open = snapshot.breaker_open
+        self.guards.breaker_reset_at = snapshot.breaker_reset_at
+        for r in snapshot.incidents:
+            self._restored(r)
+
+    def _restored(self, r: Restored) -> None:
+        parsed = IncidentKey.parse(r.key)
+        inc = Incident(
+            key=r.key,
+            job=parsed.job if parsed.kind == "attempt" else None,
+            node=parsed.node,
+            opened_at=r.opened_at,
+            decided=True,
+            decided_at=r.decided_at,
+            standing=list(r.standing),
+            known=set(r.known),
+            revision=r.revision,
+            closed=not r.current,
+            shared=dict(r.shared),
+        )
+        # Whether its job's end is news, from the decisions in force and this engine's policy
+        # (a switch's escalation watches its job with requeue_away).
+        inc.until_job_ends = until_job_ends(
+            inc.standing, None, shared=self.policy.shared_cause.requeue_away and not inc.closed
+        )
+        # Closed by what of it was carried out, as a decision is (`closes`).
+        if closes(r.carried, inc.standing):
+            inc.closed = True
+        if inc.closed:
+            inc.until_job_ends = until_job_ends(inc.standing, None)
+        self.incidents[inc.key] = inc
+        for key in inc.known:
+            self.decided_on[key] = (*self.decided_on.get(key, ()), inc.key)
+        self._indexed(inc)
+
+    # ---- what people and the executor did: inputs like any other ---------------------------
+    @property
+    def breaker_open(self) -> bool:
+        return self.guards.breaker_open
+
+    def reset_breaker(self, at: datetime) -> None:
+        """A person reset the breaker (`slurmedic breaker reset`): drains before `at` stop
+        counting."""
+        self.guards.reset_breaker(at)
+
+    def switch(self, monitor: bool) -> None:
+        """The global switch to monitor mode, on or off (`slurmedic switch`)."""
+        self.guards.monitor_forced = monitor
+
+    def settle(self, states: Mapping[tuple[str, str, datetime], str]) -> None:
+        """What became of decisions (incident, action, time -> their state now): rejected and
+        expired ones never run, those not run yet are held (GuardState.settle)."""
+        self.guards.settle(states)
+
+    def judged(
+        self, watch: Watch, verdict: Verdict, job: Job | None, now: datetime
+    ) -> list[Decision]:
+        """A recovery check's verdict on a requeued job's successor: the guards remember a
+        recovery, or a failure that was the job's own; a failed one is escalated, and the
+        running attempt stopped when the job keeps failing before a first checkpoint: planned
+        by the core (webhook.core.recovery) and through the same guard pipeline as every
+        decision (`no_progress` says whether to stop, `scope` and `mode` as for any)."""
+        kept = remembered(watch, verdict, now)
+        if kept is not None:
+            self.guards.apply([Counted(kept)])
+        if verdict.state != "failed":
+            return []
+        outcome = decide_recovery(
+            watch=watch,
+            verdict=verdict,
+            job=job,
+            view=self.view,
+            policy=self.policy,
+            guards=self.guards,
+            now=now,
+        )
+        self.guards.apply(outcome.effects)
+        return list(outcome.decisions)
 
     def close(self, carried: Mapping[str, Collection[str]]) -> None:
         """Incidents some of whose actions were carried out (incident -> those actions): not

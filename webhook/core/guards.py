@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from webhook.core import durations
+from webhook.core import durations, recovery
 from webhook.core.attribution import Attribution, names
 from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
 from webhook.core.decisions import (
@@ -46,6 +46,7 @@ from webhook.core.evidence import Evidence
 from webhook.core.incidents import IncidentKey
 from webhook.core.lifecycle import PENDING
 from webhook.core.policy import SHARED, Policy
+from webhook.core.recovery import Verdict, Watch
 from webhook.core.signals import FAILURE_SIGNALS, STALL, STRAGGLER
 
 
@@ -146,8 +147,11 @@ def moved_on(d: Decision, ctx: Context) -> Outcome:
 def job_running(d: Decision, ctx: Context) -> Outcome:
     """Act on failures, not symptoms: an application's error on a job that keeps training
     (nothing fatal logged, no stall, not ended) is left alone, and people are told. So is a job
-    on degraded hardware (drained: Slurm lets it finish), until it fails, stalls or slows."""
+    on degraded hardware (drained: Slurm lets it finish), until it fails, stalls or slows. (A
+    recovery check's stop of a job that trains and makes no progress is `no_progress`'s.)"""
     job = ctx.job
+    if _recovery(d):
+        return _keep(d)
     if d.cause == "degraded" and _planned(d, "requeue") and job is not None:
         return _on_degraded(d, job, ctx)
     if not _planned(d, "stop", "requeue") or d.cause != "application" or job is None:
@@ -452,18 +456,39 @@ def room(d: Decision, ctx: Context) -> Outcome:
     return _refuse(d, "no_room", why, ctx)
 
 
+def stalled_restarts(job: int, guards: GuardState, policy: Policy, now: datetime) -> int:
+    """The job's restarts in a row that failed before their first checkpoint, within the retry
+    budget's window (`no_progress` stops it at `verify.max_failures_before_checkpoint`)."""
+    since = now - policy.retry_budget.window
+    return guards.failed_recoveries(job, since, before_checkpoint=True)
+
+
+def _recovery(d: Decision) -> bool:
+    """A decision of a recovery check (its incident `verify:<job>.<attempt>`)."""
+    return IncidentKey.parse(d.incident).kind == "verify"
+
+
 def no_progress(d: Decision, ctx: Context) -> Outcome:
     """A job whose last restarts all failed before their first checkpoint: restarting it again
     only burns GPU-hours. Not a requeue for a new hardware fault: that is not the job failing
     to make progress (a job of thousands of nodes meets one every few hours), and stopping
     for it would stop every later failure of the job too, while its run of failed restarts
-    has nothing to end it; the retry budget and the breaker bound those."""
+    has nothing to end it; the retry budget and the breaker bound those. A recovery check's
+    stop of the running attempt (proposed at the limit, the failure it judged counted:
+    `stalled_restarts`) is this guard's too."""
     job = ctx.job
-    if not _planned(d, "requeue") or job is None or ctx.attr.cause in FAULT_CAUSES:
+    if job is None:
         return _keep(d)
-    since = ctx.now - ctx.policy.retry_budget.window
-    stalled = ctx.guards.failed_recoveries(job.id, since, before_checkpoint=True)
+    stalled = stalled_restarts(job.id, ctx.guards, ctx.policy, ctx.now)
     limit = ctx.policy.verify.max_failures_before_checkpoint
+    if _planned(d, "stop") and _recovery(d):
+        why = (
+            f"{stalled} restarts in a row failed before their first checkpoint (limit "
+            f"{limit}): restarting again only burns GPU-hours; {d.reason}"
+        )
+        return _keep(replace(d, guard="no_progress", reason=why))
+    if not _planned(d, "requeue") or ctx.attr.cause in FAULT_CAUSES:
+        return _keep(d)
     if stalled < limit:
         return _keep(d)
     why = (
@@ -696,6 +721,27 @@ def decide(
     )
     out = run(plan(base, attr, job, requeue_away=away), ctx)
     # What each would disrupt, as the view says now: the trial report's measure of harm.
+    measured = tuple(with_disruption(d, job, view, now) for d in out.decisions)
+    return Outcome(measured, _held(out.effects, measured))
+
+
+def decide_recovery(
+    *,
+    watch: Watch,
+    verdict: Verdict,
+    job: Job | None,
+    view: ClusterView,
+    policy: Policy,
+    guards: GuardState,
+    now: datetime,
+) -> Outcome:
+    """A failed recovery's decisions (webhook.core.recovery.plan) through every guard, the
+    verdict already in `guards`' memory."""
+    attr = Attribution(watch.cause, (), f"the requeued job did not recover: {verdict.reason}")
+    ctx = Context(attr, job, (), view, policy, guards, now)
+    limit = policy.verify.max_failures_before_checkpoint
+    stop = job is not None and stalled_restarts(job.id, guards, policy, now) >= limit
+    out = run(recovery.plan(watch, verdict, job, now, stop=stop), ctx)
     measured = tuple(with_disruption(d, job, view, now) for d in out.decisions)
     return Outcome(measured, _held(out.effects, measured))
 

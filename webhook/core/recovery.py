@@ -8,9 +8,10 @@ It has *failed* when the successor ends or is requeued again first, or shows no 
 within the deadline of its start (time in the queue does not count). A failed recovery is
 escalated; when the failure is the job's own (it ended, or made no progress) it also counts
 against the job's retry budget, and a job that keeps failing before its successor writes a
-checkpoint is stopped: each restart only burns GPU-hours. A recovery that cannot be judged (the
-job reports no progress, Slurm forgot the job, the successor never started) is *unverified*:
-recorded, nothing decided.
+checkpoint is stopped: each restart only burns GPU-hours (the engine applies a verdict,
+Engine.judged: `plan` here, then the guards, whose `no_progress` says when to stop). A
+recovery that cannot be judged (the job reports no progress, Slurm forgot the job, the
+successor never started) is *unverified*: recorded, nothing decided.
 
 Plain data in (progress as Prometheus reports it, the job as Slurm reports it, the time), a
 verdict and decisions out.
@@ -18,14 +19,14 @@ verdict and decisions out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
 from webhook.core.cluster import Job
-from webhook.core.decisions import Decision, GuardState, PastAction, with_mode
+from webhook.core.decisions import Decision, PastAction
 from webhook.core.incidents import IncidentKey
-from webhook.core.policy import Policy, Verify
+from webhook.core.policy import Verify
 
 State = Literal["watching", "recovered", "failed", "unverified"]
 
@@ -216,15 +217,13 @@ def remembered(watch: Watch, verdict: Verdict, now: datetime) -> PastAction | No
     return None
 
 
-def on_failure(
-    watch: Watch,
-    verdict: Verdict,
-    job: Job | None,
-    guards: GuardState,
-    policy: Policy,
-    now: datetime,
+def plan(
+    watch: Watch, verdict: Verdict, job: Job | None, now: datetime, *, stop: bool = False
 ) -> list[Decision]:
-    """A failed recovery: escalate; stop a job that keeps failing before any checkpoint.
+    """A failed recovery, before any guard has spoken: escalate; and with `stop` (the job's
+    restarts failing before a first checkpoint reached the guards' limit), when this failure
+    is the job's own and came before the successor's first checkpoint, a stop of the attempt
+    that runs now (the guards' `no_progress` is recorded as why).
 
     Its decisions have incidents of their own (`verify:<job>.<attempt>`), apart from the
     engine's incidents for the same attempts."""
@@ -236,39 +235,27 @@ def on_failure(
             "charged": verdict.charged,
         },
     )
-    decisions = [
-        Decision(
-            at=now,
-            incident=str(IncidentKey.verifying(watch.job, watch.attempt)),
-            job=watch.job,
-            action="escalate",
-            cause=watch.cause,
-            reason=f"the requeued job did not recover: {verdict.reason}",
-            evidence=evidence,
-            guard="recovery_failed",
-        )
-    ]
-    since = now - policy.retry_budget.window
-    repeated = guards.failed_recoveries(watch.job, since, before_checkpoint=True)
+    base = Decision(
+        at=now,
+        incident=str(IncidentKey.verifying(watch.job, watch.attempt)),
+        job=watch.job,
+        action="escalate",
+        cause=watch.cause,
+        reason=f"the requeued job did not recover: {verdict.reason}",
+        evidence=evidence,
+        guard="recovery_failed",
+    )
+    decisions = [base]
     alive = job is not None and not job.interrupted
-    limit = policy.verify.max_failures_before_checkpoint
-    stalls = verdict.charged and verdict.before_checkpoint
-    if stalls and repeated + 1 >= limit and alive and job is not None:
-        decisions.append(
-            Decision(
-                at=now,
-                # The attempt that runs (or waits) now is the one to stop.
-                incident=str(IncidentKey.verifying(job.id, job.restarts)),
-                job=watch.job,
-                action="stop",
-                cause=watch.cause,
-                reason=(
-                    f"{repeated + 1} restarts in a row failed before their first checkpoint "
-                    f"(limit {limit}): restarting again only burns GPU-hours"
-                ),
-                evidence=evidence,
-                guard="no_progress",
-            )
+    if stop and verdict.charged and verdict.before_checkpoint and alive and job is not None:
+        # The attempt that runs (or waits) now is the one to stop.
+        stopping = replace(
+            base,
+            incident=str(IncidentKey.verifying(job.id, job.restarts)),
+            action="stop",
+            reason=f"the requeued job did not recover before its first checkpoint: "
+            f"{verdict.reason}",
+            guard=None,
         )
-    partition = job.partition or None if job is not None else None
-    return [with_mode(d, policy, partition, forced=guards.monitor_forced) for d in decisions]
+        decisions.append(stopping)
+    return decisions

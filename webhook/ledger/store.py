@@ -39,7 +39,7 @@ from webhook.core.decisions import (
     PastAction,
     held,
 )
-from webhook.core.engine import Incident, evidence_key
+from webhook.core.engine import Incident, Restored, evidence_key
 from webhook.core.incidents import VERIFY, BadIncidentKey, IncidentKey
 from webhook.core.lifecycle import (
     AWAITING_APPROVAL,
@@ -562,11 +562,11 @@ class Ledger:
             ).all()
             return row, list(events)
 
-    def restore_incidents(self, since: datetime) -> list[Incident]:
-        """The engine's incidents as the ledger holds them, for a restart: decided when, from
-        which evidence, with which decisions in force, and whether one was carried out.
-        Incidents decided before `since` come back closed, as keys and times alone (no
-        evidence, no decisions: a restart reads what the retention keeps, not the whole
+    def restore_incidents(self, since: datetime) -> list[Restored]:
+        """The engine's incidents as the ledger holds them, for a restart (Snapshot): decided
+        when, from which evidence, with which decisions in force, and which of their actions
+        were carried out. Incidents decided before `since` come back as keys and times alone
+        (no evidence, no decisions: a restart reads what the retention keeps, not the whole
         history): a node's next failure must still get the next key, and the engine forgets
         them by its own rules."""
         out = []
@@ -604,14 +604,11 @@ class Ledger:
             with contextlib.suppress(BadIncidentKey):
                 parsed = IncidentKey.parse(key)
                 out.append(
-                    Incident(
+                    Restored(
                         key=str(parsed),
-                        job=parsed.job if parsed.kind == "attempt" else None,
-                        node=parsed.node,
                         opened_at=_utc(opened),
-                        decided=True,
                         decided_at=_utc(decided),
-                        closed=True,
+                        current=False,
                     )
                 )
         for key in sorted(rows.keys() | standing.keys()):
@@ -638,18 +635,15 @@ class Ledger:
             ours = parsed.kind in ("attempt", "node")
             standing_now = [_decision(d) for d in ds]
             out.append(
-                Incident(
+                Restored(
                     # Keys of older ledgers (`node:gpu02#2`) as the engine spells them now.
                     key=str(parsed),
-                    job=parsed.job if parsed.kind == "attempt" else None,
-                    node=parsed.node,
                     opened_at=opened_at,
-                    decided=True,
                     decided_at=decided_at,
-                    standing=standing_now,
+                    standing=tuple(standing_now),
                     revision=int(revisions.get(key) or 0),
-                    known=known,
-                    closed=not ours or decided_at < since,
+                    known=frozenset(known),
+                    current=ours and decided_at >= since,
                     carried=carried,
                     shared=_judgement(row.shared) if row else {},
                 )

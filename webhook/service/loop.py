@@ -17,8 +17,8 @@ from webhook.adapters.slurm import SlurmError
 from webhook.core import durations
 from webhook.core.alerts import Alert, Payload, wrap
 from webhook.core.cluster import ClusterView, eligible
-from webhook.core.decisions import Decision, GuardState
-from webhook.core.engine import Engine, evidence_key
+from webhook.core.decisions import Decision
+from webhook.core.engine import Engine, Snapshot, evidence_key
 from webhook.core.lifecycle import (
     AWAITING_APPROVAL,
     DRY_RUN_FIRST,
@@ -109,33 +109,34 @@ class LiveLoop:
         now = clock()
         self.started = now
         view = self._view()
-        self.engine = Engine.with_history(view or ClusterView(), policy, [])
+        self.engine = Engine(view=view or ClusterView(), policy=policy)
         since = now - max(policy.retry_budget.window, policy.breaker.window)
         # Counted as if they will run; what becomes of them is settled each step (_settle).
         # Read before the history: a decision moved by a person while the history streams in
         # is then a move the next step sees.
         self.watching: dict[int, tuple[tuple[str, str, datetime], str]] = {}
         waiting = ledger.watched()
-        # Older exclusions too: Slurm keeps a job's ExcNodeList for as long as the job lives
-        # (the jobs Slurm knows, or all of them before the first view; the sweep prunes).
         known = set(view.jobs) if view else None
-        older = GuardState(history=list(ledger.exclusion_history(since, known)))
-        alive = known if known is not None else {h.job for h in older.history if h.job}
-        self.engine.guards.history = [
-            *older.exclusions_in_force(since, alive),
-            *ledger.history(since),
-        ]
-        self._watch(waiting)
-        # Before the ledger's first notification (or this start, on a new one) nothing is known.
-        self.engine.guards.memory_since = ledger.record_begins() or now
         breaker = ledger.setting(Breaker)
-        self.engine.guards.breaker_open = breaker.open
-        if breaker.reset_at is not None:
-            self.engine.guards.breaker_reset_at = breaker.reset_at
-        # What was decided, from which evidence, and what was carried out: a restart neither
-        # decides an incident twice nor takes a node's next failure for its last one.
-        # The engine forgets what is older than the retention; so does a restart.
-        self.engine.restore(ledger.restore_incidents(since=now - policy.retention_age))
+        # The engine's memory as the ledger holds it: what was decided, from which evidence,
+        # what was carried out (a restart neither decides an incident twice nor takes a node's
+        # next failure for its last one), the guards' history and the exclusions Slurm still
+        # keeps, the breaker. Before the ledger's first notification (or this start, on a new
+        # one) nothing is known. The engine forgets what is older than the retention; so does
+        # a restart.
+        self.engine.restore(
+            Snapshot(
+                incidents=ledger.restore_incidents(since=now - policy.retention_age),
+                history=list(ledger.history(since)),
+                exclusions=list(ledger.exclusion_history(since, known)),
+                since=since,
+                jobs=known,
+                memory_since=ledger.record_begins() or now,
+                breaker_open=breaker.open,
+                breaker_reset_at=breaker.reset_at,
+            )
+        )
+        self._watch(waiting)
         ledger.put(modes_of(policy), now)  # what the console shows
         # Alerts are judged against the cluster: without a view yet, wait for one.
         self.caught_up = False
@@ -220,9 +221,9 @@ class LiveLoop:
         self._settle()
         # A decision carried out meanwhile is not revised: what arrives now is its consequence.
         self.engine.close(self.ledger.carried_out(self.engine.revisable()))
-        was_open = self.engine.guards.breaker_open
+        was_open = self.engine.breaker_open
         decisions = self.engine.tick(self.clock())
-        if self.engine.guards.breaker_open and not was_open:
+        if self.engine.breaker_open and not was_open:
             # It never closes by itself: only `slurmedic breaker reset` does.
             now = self.clock()
             self.ledger.put(Breaker(open=True, opened_at=now), now)
@@ -269,7 +270,7 @@ class LiveLoop:
             return []
         self.verified_at = time.monotonic()
         try:
-            return self.verifier.step(self.engine.view, self.engine.guards)
+            return self.verifier.step(self.engine)
         except Exception:
             log.exception("verification failed; trying again next round")
             return []
@@ -316,7 +317,7 @@ class LiveLoop:
         waiting for approval become records too, each saying so (a human must not approve
         what would only be dry-run). Switching back changes nothing already decided."""
         forced = monitor_forced(self.ledger)
-        self.engine.guards.monitor_forced = forced
+        self.engine.switch(forced)
         if not forced:
             return
         for row in self.ledger.in_state(AWAITING_APPROVAL):
@@ -363,7 +364,7 @@ class LiveLoop:
         """The guards told each decision's state now (`held`, `undone`); those not carried out
         yet watched further."""
         moved = {i: v for i, v in found.items() if self.watching.get(i) != v}
-        self.engine.guards.settle(dict(moved.values()))
+        self.engine.settle(dict(moved.values()))
         for i, (key, state) in moved.items():
             if state in WAITING:
                 self.watching[i] = (key, state)
@@ -373,8 +374,8 @@ class LiveLoop:
     def _sync_breaker(self) -> None:
         """Pick up a human's reset (`slurmedic breaker reset` writes it to the ledger)."""
         breaker = self.ledger.setting(Breaker)
-        if breaker.reset_at and not breaker.open and self.engine.guards.breaker_open:
-            self.engine.guards.reset_breaker(breaker.reset_at)
+        if breaker.reset_at and not breaker.open and self.engine.breaker_open:
+            self.engine.reset_breaker(breaker.reset_at)
 
     def run(self, stop: threading.Event, tick_seconds: float = 1.0) -> None:
         self.stopping = stop

@@ -13,19 +13,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from webhook.adapters.prometheus import Prometheus, PrometheusError
-from webhook.core.cluster import ClusterView
-from webhook.core.decisions import Decision, GuardState
-from webhook.core.disruption import with_disruption
+from webhook.core.engine import Engine
 from webhook.core.incidents import attempt_of
 from webhook.core.policy import Policy
-from webhook.core.recovery import (
-    RankProgress,
-    Watch,
-    failure_point,
-    judge,
-    on_failure,
-    remembered,
-)
+from webhook.core.recovery import RankProgress, Watch, failure_point, judge
 from webhook.ledger.store import Ledger
 
 log = logging.getLogger("slurmedic.verify")
@@ -41,7 +32,7 @@ class Verifier:
     ) -> None:
         self.ledger, self.prometheus, self.policy, self.clock = ledger, prometheus, policy, clock
 
-    def step(self, view: ClusterView, guards: GuardState) -> list[int]:
+    def step(self, engine: Engine) -> list[int]:
         """Open watches for new requeues, judge the open ones; the ids of decisions recorded."""
         self._open_watches()
         watches = self.ledger.watching()
@@ -55,7 +46,7 @@ class Verifier:
         ids: list[int] = []
         for watch in watches:
             try:
-                ids += self._judge(watch, progress.get(watch.job, []), view, guards)
+                ids += self._judge(watch, progress.get(watch.job, []), engine)
             except Exception:  # one watch must not stop the others, nor the loop
                 log.exception("judging the recovery of %s failed", watch.incident)
         return ids
@@ -88,22 +79,14 @@ class Verifier:
             self.ledger.watch(watch)
             log.info("watching %s: successor must pass step %g", row.incident, watch.point.target)
 
-    def _judge(
-        self, watch: Watch, ranks: list[RankProgress], view: ClusterView, guards: GuardState
-    ) -> list[int]:
+    def _judge(self, watch: Watch, ranks: list[RankProgress], engine: Engine) -> list[int]:
         now = self.clock()
-        job = view.jobs.get(watch.job)
+        job = engine.view.jobs.get(watch.job)
         verdict = judge(watch, ranks, job, now, self.policy.verify)
         if verdict.state == "watching":
             return []
-        decisions: list[Decision] = []
-        if verdict.state == "failed":
-            decisions = [
-                with_disruption(d, job, view, now)
-                for d in on_failure(watch, verdict, job, guards, self.policy, now)
-            ]
+        # The engine remembers the verdict and decides what a failed one leads to.
+        decisions = engine.judged(watch, verdict, job, now)
         ids = self.ledger.conclude(watch.incident, verdict, now, decisions)
         log.info("recovery of %s %s: %s", watch.incident, verdict.state, verdict.reason)
-        if (kept := remembered(watch, verdict, now)) is not None:
-            guards.history.append(kept)
         return ids

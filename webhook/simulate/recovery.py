@@ -7,23 +7,17 @@ the job's own, and stops a job that keeps failing before its first checkpoint.""
 
 from __future__ import annotations
 
-from webhook.core.decisions import Decision, GuardState
+from webhook.core.decisions import Decision
+from webhook.core.engine import Engine
 from webhook.core.incidents import attempt_of
 from webhook.core.policy import Policy
-from webhook.core.recovery import (
-    FailurePoint,
-    RankProgress,
-    Watch,
-    judge,
-    on_failure,
-    remembered,
-)
+from webhook.core.recovery import FailurePoint, RankProgress, Watch, judge
 from webhook.simulate.world import EPOCH, SimJob, World, when
 
 
 class Recoveries:
-    def __init__(self, world: World, policy: Policy, guards: GuardState) -> None:
-        self.world, self.policy, self.guards = world, policy, guards
+    def __init__(self, world: World, policy: Policy, engine: Engine) -> None:
+        self.world, self.policy, self.engine = world, policy, engine
         self.watches: dict[str, Watch] = {}  # by the requeue's incident
 
     def watch(self, incident: str, cause: str, job: SimJob, fault_at: float) -> None:
@@ -69,8 +63,5 @@ class Recoveries:
             if verdict.state == "watching":
                 continue
             del self.watches[incident]
-            if verdict.state == "failed":
-                decisions += on_failure(watch, verdict, seen, self.guards, self.policy, now)
-            if (kept := remembered(watch, verdict, now)) is not None:
-                self.guards.history.append(kept)
+            decisions += self.engine.judged(watch, verdict, seen, now)
         return decisions

@@ -187,9 +187,7 @@ class Slurmedic(_Passive):
         # What-if it acted: every action in enforce mode, on every partition.
         acting = policy.model_copy(update={"mode": "enforce", "actions": {}, "partitions": {}})
         self.engine = Engine.with_history(world.view, acting, [])
-        self.recoveries = (
-            Recoveries(world, acting, self.engine.guards) if world.cfg.verify else None
-        )
+        self.recoveries = Recoveries(world, acting, self.engine) if world.cfg.verify else None
         self.person = Person(world)
         self.carried: dict[str, set[str]] = {}
         self.decisions: list[Decision] = []
