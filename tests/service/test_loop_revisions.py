@@ -13,6 +13,7 @@ import pytest
 
 from webhook.core.alerts import Payload
 from webhook.core.cluster import ClusterView, Job, Node
+from webhook.core.incidents import drain_reason
 from webhook.core.policy import Policy, load_policy
 from webhook.executor.runner import DrainVars
 from webhook.ledger.schema import IncidentRow
@@ -71,11 +72,26 @@ def test_an_idle_node_is_drained_at_each_failure_across_restarts(tmp_path: Path)
         live = loop(ledger, policy, clock)  # a restart before every failure
         clock.now += timedelta(seconds=10)
         made = live.step()
-        assert [(d.action, d.nodes) for d in made] == [("drain", ("gpu07",))], made
+        # From the second on, a repeat within 7 days (the drains read back from the ledger):
+        # a hardware suspect, escalated beside its drain, the repeat in Slurm's reason.
+        suspect = [("escalate", ("gpu07",), "repeat_failure")] if n else []
+        assert [(d.action, d.nodes, d.guard) for d in made] == [
+            ("drain", ("gpu07",), None),
+            *suspect,
+        ], made
         keys.append(made[0].incident)
-        DrainVars(slurmedic_nodes=["gpu07"], slurmedic_reason=f"slurmedic: {keys[-1]} gpu_hardware")
+        note = f" repeat {n + 1} in 7d" if n else ""
+        assert made[0].note == note.strip()
+        reason = drain_reason(keys[-1], "gpu_hardware", made[0].note)
+        assert reason == f"slurmedic: {keys[-1]} gpu_hardware{note}"
+        DrainVars(slurmedic_nodes=["gpu07"], slurmedic_reason=reason)
     assert keys == ["node:gpu07", "node:gpu07:2", "node:gpu07:3"]
-    assert [r.state for r in ledger.decisions()] == ["recorded"] * 3
+    assert [r.state for r in ledger.decisions()] == ["recorded"] * 5
+    assert [r.note for r in ledger.decisions() if r.action == "drain"] == [
+        "repeat 3 in 7d",
+        "repeat 2 in 7d",
+        None,
+    ]
 
 
 def hang_then_timeouts(ledger: Ledger, clock: Clock, *, restart: bool, carried_out: bool) -> list:

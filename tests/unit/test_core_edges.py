@@ -101,7 +101,11 @@ def test_an_idle_node_that_fails_again_after_a_decision_is_a_new_incident() -> N
     again = T0 + timedelta(hours=2)  # repaired, resumed, failed again
     e.receive(alert(again, signal="gpu_hw", node="gpu06", xid="48"), again)
     second = e.tick(again + timedelta(seconds=10))
-    assert [(d.action, d.incident) for d in second] == [("drain", "node:gpu06:2")]
+    # Drained again, and a hardware suspect (repeats): escalated beside it.
+    assert [(d.action, d.incident, d.guard) for d in second] == [
+        ("drain", "node:gpu06:2", None),
+        ("escalate", "node:gpu06:2", "repeat_failure"),
+    ]
 
 
 def test_alerts_without_a_time_zone_are_refused() -> None:

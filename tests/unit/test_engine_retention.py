@@ -56,8 +56,11 @@ def test_an_incident_past_the_retention_is_forgotten_with_its_alerts_and_history
     e.tick(T0 + DAY + timedelta(hours=2))
     assert "node:gpu05" not in e.incidents
     assert e.seen == {}
-    assert e.guards.history == []
+    # The drain alone stays, for `repeats.window` (7d): a node that fails again is a repeat.
+    assert [(h.action, h.nodes) for h in e.guards.history] == [("drain", ("gpu05",))]
     assert e.failing.latest == {}
+    e.tick(T0 + 8 * DAY)
+    assert e.guards.history == []
 
 
 def test_an_incident_within_the_retention_is_kept() -> None:
@@ -90,9 +93,12 @@ def test_a_forgotten_node_that_fails_again_is_drained_again_under_its_next_key()
     assert e.incidents == {}
     e.receive(alert(later, signal="gpu_hw", node="gpu05", xid="79"), later)
     made = e.tick(later + timedelta(seconds=10))
-    assert [(d.incident, d.action, d.nodes) for d in made] == [
-        ("node:gpu05:2", "drain", ("gpu05",))
+    # Its drain is still remembered (repeats.window): a repeat, a hardware suspect.
+    assert [(d.incident, d.action, d.nodes, d.guard) for d in made] == [
+        ("node:gpu05:2", "drain", ("gpu05",), None),
+        ("node:gpu05:2", "escalate", ("gpu05",), "repeat_failure"),
     ]
+    assert made[0].note == "repeat 2 in 7d"
 
 
 def test_an_alert_alertmanager_keeps_repeating_stays_a_re_delivery() -> None:

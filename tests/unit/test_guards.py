@@ -135,6 +135,7 @@ def test_the_docs_name_every_guard_the_stages_record() -> None:
         "global_switch",
         "repeated_without_progress",
         "storm_escalated",
+        "repeat_failure",
     }
 
 

@@ -15,11 +15,12 @@ no node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from webhook.core.evidence import Evidence
+from webhook.core.failures import Failure
 from webhook.core.policy import SHARED
 from webhook.core.shared_cause import RuleFive
 from webhook.core.signals import (
@@ -79,8 +80,10 @@ class Facts:
     avoid: tuple[str, ...] = ()
     storm_at: datetime | None = None  # the latest start of the covered evidence
     storm: tuple[str, ...] = ()  # every failing node of the storms that cover those
-    # Nodes with degraded evidence (still working, to leave service when convenient).
+    # Nodes with degraded evidence (still working, to leave service when convenient), and
+    # those whose GPU showed an application-class XID under other jobs too (`suspects`).
     degraded: tuple[str, ...] = ()
+    suspects: tuple[tuple[Evidence, tuple[Failure, ...]], ...] = ()
 
     def of(self, *signals: str) -> list[Evidence]:
         return [e for s in signals for e in self.by_signal.get(s, [])]
@@ -89,7 +92,12 @@ class Facts:
         return {e.node for e in self.of(*signals) if e.node}
 
 
-def facts(evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: RuleFive) -> Facts:
+def facts(
+    evidence: Iterable[Evidence],
+    job_nodes: Iterable[str],
+    shared: RuleFive,
+    suspects: Mapping[str, Sequence[Failure]] | None = None,
+) -> Facts:
     by_signal: dict[str, list[Evidence]] = {}
     for e in evidence:
         if e.actionable:
@@ -98,6 +106,16 @@ def facts(evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: RuleFi
     covered = frozenset(e.node for e in hardware if e.node and shared.covers(e.node))
     away = [shared.away(n) for n in sorted(covered)]
     degraded = {e.node for s in DEGRADED for e in by_signal.get(s, []) if e.node}
+    # An application-class XID on a GPU that showed one under other jobs within the window.
+    suspected = [
+        (e, tuple(suspects[e.gpu]))
+        for e in sorted(
+            (e for s in APPLICATION for e in by_signal.get(s, [])),
+            key=lambda e: (e.starts_at, e.node or ""),
+        )
+        if suspects and e.node and e.gpu is not None and e.gpu in suspects
+    ]
+    degraded |= {e.node for e, _ in suspected if e.node}
     return Facts(
         job_nodes=frozenset(job_nodes),
         by_signal=by_signal,
@@ -108,6 +126,7 @@ def facts(evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: RuleFi
         storm_at=max((e.starts_at for e in hardware if e.node in covered), default=None),
         storm=tuple(sorted({n for c in covered for n in shared.storm(c)} | covered)),
         degraded=tuple(sorted(degraded - covered)),
+        suspects=tuple(suspected),
     )
 
 
@@ -199,9 +218,21 @@ def degraded(f: Facts) -> Attribution | None:
     if not f.degraded:
         return None
     ev = [e for s in DEGRADED for e in f.by_signal.get(s, []) if e.node in f.degraded]
-    first = min(ev, key=lambda e: (e.starts_at, e.node or ""))
-    reason = first.summary or f"{first.alertname} on {first.node}"
-    others = [n for n in f.degraded if n != first.node]
+    if ev:
+        first = min(ev, key=lambda e: (e.starts_at, e.node or ""))
+        reason, named = first.summary or f"{first.alertname} on {first.node}", first.node
+    else:
+        suspect, earlier = f.suspects[0]
+        jobs = sorted({str(x.job) for x in earlier if x.job is not None})
+        since = min(x.at for x in earlier)
+        reason = (
+            f"XID {suspect.xid} on GPU {suspect.gpu} of {suspect.node}, as under job(s) "
+            f"{', '.join(jobs)} since {since.astimezone(UTC):%Y-%m-%d %H:%M}Z: repeated "
+            f"faults on one GPU under different jobs point at the GPU, not at the code "
+            f"(NVIDIA's XID-31 workflow); it is drained for diagnostics"
+        )
+        named = suspect.node
+    others = [n for n in f.degraded if n != named]
     if others:
         reason += f"; degraded hardware on {names(others)} too"
     return Attribution("degraded", f.degraded, reason)
@@ -269,10 +300,15 @@ RULES: tuple[tuple[str, Rule], ...] = (
 
 
 def attribute(
-    evidence: Iterable[Evidence], job_nodes: Iterable[str], shared: RuleFive
+    evidence: Iterable[Evidence],
+    job_nodes: Iterable[str],
+    shared: RuleFive,
+    suspects: Mapping[str, Sequence[Failure]] | None = None,
 ) -> Attribution:
-    """Attribute one incident from its own evidence, and rule 5's verdict on the cluster."""
-    f = facts(evidence, job_nodes, shared)
+    """Attribute one incident from its own evidence, rule 5's verdict on the cluster, and the
+    GPUs whose application-class XIDs came under other jobs too (`suspects`: GPU -> those
+    earlier faults)."""
+    f = facts(evidence, job_nodes, shared, suspects)
     for _name, rule in RULES:
         if (found := rule(f)) is not None:
             return found

@@ -22,6 +22,7 @@ from typing import Any, assert_never
 from webhook.core.attribution import Attribution, names
 from webhook.core.cluster import Job
 from webhook.core.evidence import Evidence
+from webhook.core.failures import FailureMemory
 from webhook.core.history import HistoryIndex
 from webhook.core.incidents import judged_attempt
 from webhook.core.lifecycle import (
@@ -78,6 +79,9 @@ class Decision:
     # the replay contract's output.
     gpus: int = 0
     gpu_hours: float | None = None
+    # A drain's words for Slurm's reason after its key and cause (`repeat 2 in 7d`). Not part
+    # of the replay contract's output (its reason says it).
+    note: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,7 +154,8 @@ Effect = Counted | BreakerOpened
 
 @dataclass
 class GuardState:
-    """What the guards remember between incidents: history and the breaker."""
+    """What the guards remember between incidents: history, the breaker, and the application
+    XIDs seen on each GPU (webhook.core.failures)."""
 
     history: list[PastAction] = field(default_factory=list)
     breaker_open: bool = False
@@ -161,6 +166,7 @@ class GuardState:
     memory_since: datetime | None = None
     # The global switch to monitor (`slurmedic switch monitor`): every decision is a record.
     monitor_forced: bool = False
+    gpu_faults: FailureMemory = field(default_factory=FailureMemory, compare=False)
 
     # Follows `history` (a plain list others append to or replace), by job and by drain time.
     _index: HistoryIndex[PastAction] = field(
@@ -250,6 +256,7 @@ class GuardState:
             breaker_reset_at=self.breaker_reset_at,
             memory_since=self.memory_since,
             monitor_forced=self.monitor_forced,
+            gpu_faults=self.gpu_faults,
         )
 
     def settle(self, states: Mapping[tuple[str, str, datetime], str]) -> None:
@@ -383,6 +390,18 @@ class GuardState:
             and not wanted.isdisjoint(h.nodes)
         ]
         return min(found, key=lambda h: h.at) if found else None
+
+    def earlier_drains(self, node: str, since: datetime, incident: str) -> list[PastAction]:
+        """The node's drains for its own faults since `since`, by other incidents, that a
+        person did not reject (monitor's and held ones too: they show what enforce does)."""
+        return [
+            h
+            for h in self._index.drains_of(self.history, node)
+            if h.at >= since
+            and h.incident != incident
+            and not h.rejected
+            and h.cause in DRAIN_CAUSES
+        ]
 
     def blameless_requeue(self, job: int, since: datetime) -> PastAction | None:
         """The job's last requeue for a failure nobody could be blamed for, if any."""

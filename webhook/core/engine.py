@@ -62,12 +62,13 @@ from webhook.core.decisions import (
     closes,
 )
 from webhook.core.evidence import Evidence, from_alert
+from webhook.core.failures import APP_XID, WATCHED_XIDS, Failure, FailureMemory
 from webhook.core.guards import decide, decide_recovery
 from webhook.core.incidents import IncidentKey, attempt_of
 from webhook.core.policy import SHARED, Policy
 from webhook.core.recovery import Verdict, Watch, remembered
 from webhook.core.shared_cause import FailingNodes, Judged, Judgement, SharedCauses
-from webhook.core.signals import AGAINST_NODE, UNREACHABLE
+from webhook.core.signals import AGAINST_NODE, APPLICATION, UNREACHABLE
 
 EvidenceKey = tuple[str, datetime]  # fingerprint, startsAt to the second (as the ledger keeps it)
 
@@ -127,6 +128,10 @@ class Snapshot:
     incidents: Sequence[Restored] = ()
     history: Sequence[PastAction] = ()
     exclusions: Sequence[PastAction] = ()
+    # Drains older than `since`, within `repeats.window`: a node that fails again is a repeat.
+    drains: Sequence[PastAction] = ()
+    # Application-class XIDs on GPUs, within `repeats.window` (webhook.core.failures).
+    failures: Sequence[Failure] = ()
     since: datetime | None = None
     jobs: Collection[int] | None = None  # the jobs Slurm knows (None: no view yet)
     memory_since: datetime | None = None
@@ -193,6 +198,8 @@ class Engine:
     # Decided incidents looked at again whose decisions stayed, but whose evidence or rule 5's
     # judgement of it changed: the ledger must keep those too (take_rejudged).
     _rejudged: set[str] = field(default_factory=set, init=False, repr=False)
+    # Failures remembered since the ledger last took them (take_failures).
+    _new_failures: list[Failure] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for inc in self.incidents.values():
@@ -214,7 +221,12 @@ class Engine:
         if alive is None:
             alive = {h.job for h in older.history if h.job is not None}
         in_force = older.exclusions_in_force(snapshot.since, alive) if snapshot.since else []
-        self.guards.history = [*in_force, *snapshot.history]
+        kept = {(h.incident, h.at) for h in in_force if h.action == "drain"}
+        drains = [h for h in snapshot.drains if (h.incident, h.at) not in kept]
+        self.guards.history = sorted([*in_force, *drains], key=lambda h: h.at) + list(
+            snapshot.history
+        )
+        self.guards.gpu_faults = FailureMemory(snapshot.failures)
         self.guards.memory_since = snapshot.memory_since
         self.guards.breaker_open = snapshot.breaker_open
         self.guards.breaker_reset_at = snapshot.breaker_reset_at
@@ -359,12 +371,52 @@ class Engine:
         return Receipt(new, dup, resolved, tuple(rejected), tuple(sorted(touched)))
 
     def _route(self, ev: Evidence, targets: list[Incident], at: datetime) -> set[str]:
-        """Give `ev` to its incidents: news for each (the keys)."""
+        """Give `ev` to its incidents: news for each (the keys). An application-class XID on a
+        GPU is remembered under each job it hit (webhook.core.failures)."""
         known = evidence_key(ev.fingerprint, ev.starts_at)
+        watched = ev.signal in APPLICATION and ev.xid in WATCHED_XIDS and ev.gpu and ev.node
         for incident in targets:
             incident.evidence.append(ev)
             self._news(incident, known, at)
+            if watched and ev.node and incident.job is not None:
+                self._failed(
+                    Failure(
+                        at=ev.starts_at,
+                        node=ev.node,
+                        kind=f"{APP_XID}{ev.xid}",
+                        incident=incident.key,
+                        job=incident.job,
+                        gpu=ev.gpu,
+                    )
+                )
         return {incident.key for incident in targets}
+
+    def _failed(self, f: Failure) -> None:
+        if self.guards.gpu_faults.add(f):
+            self._new_failures.append(f)
+
+    def take_failures(self) -> list[Failure]:
+        """The failures remembered since the last call: for the ledger to keep (a restart
+        restores them from it, Snapshot.failures)."""
+        taken, self._new_failures = self._new_failures, []
+        return taken
+
+    def _suspects(self, incident: Incident, now: datetime) -> dict[str, list[Failure]]:
+        """The GPUs of the incident's application-class XIDs that showed one under other jobs
+        within `repeats.window`, as many as `repeats.count` with this one: those faults."""
+        rules = self.policy.repeats
+        found: dict[str, list[Failure]] = {}
+        for e in incident.evidence:
+            if e.gpu is None or e.xid not in WATCHED_XIDS or e.signal not in APPLICATION:
+                continue
+            earlier = [
+                f
+                for f in self.guards.gpu_faults.on_gpu(e.gpu, now - rules.window)
+                if f.job != incident.job and f.at <= e.starts_at
+            ]
+            if len({f.job for f in earlier}) + 1 >= rules.count:
+                found[e.gpu] = earlier
+        return found
 
     def remember(self, payload: Payload, at: datetime) -> None:
         """Alerts from before a restart that are history, not evidence for an incident: rule 5
@@ -616,7 +668,7 @@ class Engine:
                 incident.evidence,
                 check_growth=self.policy.shared_cause.requeue_away,
             )
-            attr = attribute(incident.evidence, job_nodes, judged)
+            attr = attribute(incident.evidence, job_nodes, judged, self._suspects(incident, now))
             incident.shared = judged.now
             # A job that ended (a fault, scancel, its time limit) has nothing more to say: its
             # ranks are gone. Its nodes' own alerts may still come (blame_wait).
@@ -706,9 +758,10 @@ class Engine:
         if self._swept_at is not None and now < self._swept_at + retention / SWEEPS_PER_RETENTION:
             return
         self._swept_at = now
-        self.forget(now - retention)
+        self.forget(now - retention, drains_since=now - self.policy.repeats.window)
+        self.guards.gpu_faults.forget(now - self.policy.repeats.window)
 
-    def forget(self, before: datetime) -> None:
+    def forget(self, before: datetime, drains_since: datetime | None = None) -> None:
         """Forget incidents decided before `before` that nothing can change any more, the alerts
         last delivered before it, rule 5's nodes and the guards' history older than it, but
         for the exclusions Slurm still keeps for the jobs it knows (readmit, room)."""
@@ -740,7 +793,17 @@ class Engine:
         self.seen = {k: at for k, at in self.seen.items() if at >= before}
         self.failing.forget(before)
         excluding = self.guards.exclusions_in_force(before, self.view.jobs.keys())
-        self.guards.history = excluding + [h for h in self.guards.history if h.at >= before]
+        # A node's drains within `repeats.window`: its next failure is a repeat.
+        since = before if drains_since is None else min(before, drains_since)
+        excluded = {id(h) for h in excluding}
+        drains = [
+            h
+            for h in self.guards.history
+            if h.action == "drain" and since <= h.at < before and id(h) not in excluded
+        ]
+        self.guards.history = sorted([*excluding, *drains], key=lambda h: h.at) + [
+            h for h in self.guards.history if h.at >= before
+        ]
         self._attempt_keys.clear()
 
     def _forgettable(self, inc: Incident, before: datetime) -> bool:

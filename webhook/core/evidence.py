@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from webhook.core.alerts import Alert
 from webhook.core.cluster import JOB_ID, ClusterView
+from webhook.core.failures import gpu_of
 from webhook.core.signals import SIGNALS
 
 
@@ -44,6 +45,9 @@ class Evidence:
     since: datetime | None = None
     # A task failure's line, as the node read it: which attempt failed (line_time).
     failed_at: datetime | None = None
+    # The GPU it names (webhook.core.failures.gpu_of) and its XID, when it names them.
+    gpu: str | None = None
+    xid: int | None = None
 
     @property
     def actionable(self) -> bool:
@@ -118,4 +122,8 @@ def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Eviden
         problems=tuple(problems),
         since=stalled_since(alert),
         failed_at=line_time(alert),
+        gpu=gpu_of(labels, node),
+        xid=int(raw_xid)
+        if (raw_xid := labels.get("xid", "")).isdigit() and len(raw_xid) < 5
+        else None,
     )

@@ -559,6 +559,41 @@ def already_drained(d: Decision, ctx: Context) -> Outcome:
     return _keep(d)
 
 
+def repeat(d: Decision, ctx: Context) -> Outcome:
+    """A node that fails again within `repeats.window` of an earlier drain (it was back in
+    service: resumed by a person or by a repair) is a hardware suspect: drained again with the
+    repeat in Slurm's reason (`repeat 2 in 7d`) and escalated for replacement, not cycled
+    through drain and resume as if it were the first time."""
+    if not _planned(d, "drain"):
+        return _keep(d)
+    rules = ctx.policy.repeats
+    since = ctx.now - rules.window
+    # Drains before this failure began: one failure that reached two jobs' incidents (a
+    # node both shared) is drained by each, and is still one failure.
+    began = {
+        n: min((e.starts_at for e in ctx.evidence if e.node == n), default=ctx.now) for n in d.nodes
+    }
+    times = {
+        n: len([h for h in ctx.guards.earlier_drains(n, since, d.incident) if h.at < began[n]]) + 1
+        for n in d.nodes
+    }
+    repeated = sorted(n for n, k in times.items() if k >= rules.count)
+    if not repeated:
+        return _keep(d)
+    k, window = max(times[n] for n in repeated), durations.format(rules.window)
+    drain = replace(
+        d,
+        note=f"repeat {k} in {window}",
+        reason=f"{d.reason}; {names(repeated)} drained {k} times in {window}: a hardware suspect",
+    )
+    why = (
+        f"{names(repeated)} failed again within {window} of an earlier drain (repeat {k}): a "
+        f"hardware suspect, to replace or return (RMA) rather than resume again. {ctx.attr.reason}"
+    )
+    suspect = replace(_bare(d), action="escalate", nodes=tuple(repeated), guard="repeat_failure")
+    return Outcome((drain, replace(suspect, reason=why)))
+
+
 def breaker(d: Decision, ctx: Context) -> Outcome:
     """At most a fraction of the cluster drained in the sliding window; past it (or while the
     breaker is open) a drain becomes an escalation, until a human resets the breaker."""
@@ -670,6 +705,7 @@ PIPELINE: tuple[tuple[str, Step], ...] = (
     ("no_progress", each(no_progress)),
     ("retry_budget", each(retry_budget)),
     ("already_drained", each(already_drained)),
+    ("repeat", each(repeat)),
     ("breaker", each(breaker)),
     ("one_per_action", one_per_action),
     ("storm_told", each(storm_told)),

@@ -116,6 +116,15 @@ class SharedCause(_Strict):
     requeue_away_for: Duration = timedelta(hours=24)
 
 
+class Repeats(_Strict):
+    # A node drained for its own fault this many times within the window (the last one
+    # included) is a hardware suspect: drained with the repeat in its reason and escalated for
+    # replacement, not cycled through drain and resume. The same count of application-class
+    # XIDs on one GPU under different jobs points at the GPU, not at the code.
+    window: Duration = timedelta(days=7)
+    count: int = Field(default=2, ge=2)
+
+
 class Verify(_Strict):
     # A requeued job must pass the step it failed at within this time (restart, resume from
     # the checkpoint, catch up) or its recovery counts as failed.
@@ -164,6 +173,7 @@ class Policy(_Strict):
     retry_budget: RetryBudget = RetryBudget()
     breaker: Breaker = Breaker()
     shared_cause: SharedCause = SharedCause()
+    repeats: Repeats = Repeats()
     verify: Verify = Verify()
     # A decision waiting for approval longer than this expires (state `expired`): it was made on
     # a view of the cluster that has moved on, and a human approving it hours later would act on

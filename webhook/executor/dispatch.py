@@ -62,7 +62,7 @@ def playbook_for(row: DecisionRow) -> tuple[str, dict[str, Any]] | None:
     """The playbook and extra vars that carry out a decision (None: nothing to run)."""
     attempt = attempt_of(row.incident) if row.job is not None else 0
     if row.action == "drain":
-        reason = drain_reason(row.incident, row.cause)
+        reason = drain_reason(row.incident, row.cause, row.note or "")
         return "drain_nodes", {"slurmedic_nodes": row.nodes, "slurmedic_reason": reason}
     if row.action == "resume":
         return "resume_nodes", {"slurmedic_nodes": row.nodes}

@@ -118,6 +118,22 @@ class DecisionRow(Base):
     # The engine's revision of its incident (0: the first decisions); before 0004, the order
     # of copies a second loop made.
     revision: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # A drain's words for Slurm's reason after its key and cause (`repeat 2 in 7d`); since 0010.
+    note: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class FailureRow(Base):
+    """An application-class XID on a GPU under a job (webhook.core.failures): the same GPU
+    under another job within a window points at the GPU, not at the code."""
+
+    __tablename__ = "failures"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    node: Mapped[str] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    incident: Mapped[str] = mapped_column(String(MAX_LEN))
+    job: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpu: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
 
 class DecisionEvent(Base):

@@ -40,6 +40,7 @@ from webhook.core.decisions import (
     held,
 )
 from webhook.core.engine import Incident, Restored, evidence_key
+from webhook.core.failures import Failure
 from webhook.core.incidents import VERIFY, BadIncidentKey, IncidentKey
 from webhook.core.lifecycle import (
     AWAITING_APPROVAL,
@@ -74,6 +75,7 @@ from webhook.ledger.schema import (
     BacktestRow,
     DecisionEvent,
     DecisionRow,
+    FailureRow,
     IncidentRow,
     Notification,
     RecoveryRow,
@@ -314,8 +316,10 @@ class Ledger:
         decisions: list[Decision],
         incidents: Sequence[Incident] = (),
         detail: dict[str, Any] | None = None,
+        failures: Sequence[Failure] = (),
     ) -> list[int]:
-        """Decisions, their first state and the incidents they decide, in one transaction.
+        """Decisions, their first state, the incidents they decide and the failures the engine
+        remembered (take_failures), in one transaction.
 
         A revision (`Decision.revision` > 0) supersedes its incident's decisions that were not
         carried out yet; where a drain, requeue or stop was (it ran, or runs), the revision's
@@ -325,7 +329,7 @@ class Ledger:
         A second decision of the same incident, action and revision is refused (LostLease: a
         replica that still thought it led decided what the leader had)."""
         try:
-            return self._record(decisions, incidents, detail)
+            return self._record(decisions, incidents, detail, failures)
         except IntegrityError as e:
             raise LostLease(f"already decided by another replica: {str(e.orig)[:200]}") from e
 
@@ -334,9 +338,21 @@ class Ledger:
         decisions: list[Decision],
         incidents: Sequence[Incident],
         detail: dict[str, Any] | None,
+        failures: Sequence[Failure] = (),
     ) -> list[int]:
         with self.session.begin() as s:
             self._in_term(s)
+            s.add_all(
+                FailureRow(
+                    at=f.at,
+                    node=f.node,
+                    kind=f.kind,
+                    incident=f.incident,
+                    job=f.job,
+                    gpu=f.gpu,
+                )
+                for f in failures
+            )
             revised = {d.incident for d in decisions if d.revision}
             done: set[tuple[object, ...]] = set()
             for k in revised:
@@ -842,6 +858,38 @@ class Ledger:
                 yield PastAction(at=_utc(rec.decided_at), action="recovered", job=rec.job)
             yield from self._past(s, DecisionRow.at >= since)
 
+    def drain_history(self, since: datetime, before: datetime) -> list[PastAction]:
+        """The drains decided from `since` to `before`: older than the guards' windows, within
+        `repeats.window` (a node that fails again is a repeat: Snapshot.drains)."""
+        with self.session() as s:
+            return list(
+                self._past(
+                    s,
+                    DecisionRow.at >= since,
+                    DecisionRow.at < before,
+                    DecisionRow.action == "drain",
+                    where_failed=False,
+                )
+            )
+
+    def failures(self, since: datetime, node: str | None = None) -> list[Failure]:
+        """The failures remembered since `since` (of one node), oldest first."""
+        with self.session() as s:
+            query = select(FailureRow).where(FailureRow.at >= since)
+            if node is not None:
+                query = query.where(FailureRow.node == node)
+            return [
+                Failure(
+                    at=_utc(r.at),
+                    node=r.node,
+                    kind=r.kind,
+                    incident=r.incident,
+                    job=r.job,
+                    gpu=r.gpu,
+                )
+                for r in s.scalars(query.order_by(FailureRow.at, FailureRow.id))
+            ]
+
     def exclusion_history(
         self, before: datetime, jobs: Collection[int] | None = None
     ) -> Iterator[PastAction]:
@@ -982,6 +1030,7 @@ def _decision(r: DecisionRow) -> Decision:
         gpus=r.gpus or 0,
         gpu_hours=r.gpu_hours,
         revision=r.revision or 0,
+        note=r.note or "",
     )
 
 
@@ -1041,6 +1090,7 @@ def _insert_decisions(
             gpus=d.gpus,
             gpu_hours=d.gpu_hours,
             revision=d.revision,
+            note=d.note or None,
         )
         s.add(row)
         s.flush()

@@ -129,6 +129,8 @@ class LiveLoop:
                 incidents=ledger.restore_incidents(since=now - policy.retention_age),
                 history=list(ledger.history(since)),
                 exclusions=list(ledger.exclusion_history(since, known)),
+                drains=ledger.drain_history(now - policy.repeats.window, since),
+                failures=ledger.failures(now - policy.repeats.window),
                 since=since,
                 jobs=known,
                 memory_since=ledger.record_begins() or now,
@@ -231,9 +233,10 @@ class LiveLoop:
         # Incidents whose decisions stayed but whose evidence or rule 5's judgement changed:
         # kept too, in the same transaction, so that a restart restores what the engine knew.
         rejudged = [i for i in self.engine.take_rejudged() if i.key not in keys]
-        if decisions or rejudged:
+        failures = self.engine.take_failures()
+        if decisions or rejudged or failures:
             incidents = [self.engine.incidents[k] for k in keys] + rejudged
-            ids = self.ledger.record(decisions, incidents)
+            ids = self.ledger.record(decisions, incidents, failures=failures)
             # Watched from now (a human may reject one before the next step); an enforce
             # decision is held until its run.
             self._watch(self.ledger.watched(ids))

@@ -1,0 +1,104 @@
+"""What failed before: failures remembered per node and per GPU, across jobs, resumes and
+restarts of slurmedic (the ledger keeps them; Engine.restore reads them back).
+
+Two kinds of memory, one record:
+- a node slurmedic drained for its own fault (a cause it drains for): a node that fails again
+  within `repeats.window` after it was back in service is a hardware suspect (the lemons that
+  cause most exclusions in every published fleet), not one to cycle through drain and resume;
+- an application-class XID (13, 31, 43) on one GPU: the same GPU under another job within the
+  window points at the GPU, not at the code (NVIDIA's XID-31 workflow).
+
+A GPU is known by its UUID where the alert carries one (dcgm-exporter's `UUID`, the rules'
+`uuid`), else by its node and index, else by its node and PCI address (a job log's XID line).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+# RESTART_APP classes whose repeats on one GPU point at the GPU (the catalog's investigatory
+# workflows for 13 and 31; 43 is their kin, a reset channel verification error).
+WATCHED_XIDS = frozenset({13, 31, 43})
+APP_XID = "xid:"  # the kind of an application-class XID remembered on a GPU: `xid:31`
+
+
+@dataclass(frozen=True)
+class Failure:
+    at: datetime
+    node: str
+    kind: str  # the cause a drain was for, or `xid:<code>` for an application XID on a GPU
+    incident: str = ""
+    job: int | None = None
+    gpu: str | None = None
+
+    @property
+    def app_xid(self) -> bool:
+        return self.kind.startswith(APP_XID)
+
+
+_PCI = re.compile(r"^(?:[0-9a-fA-F]+:)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
+
+
+def gpu_of(labels: Mapping[str, str], node: str | None) -> str | None:
+    """The GPU an alert names, as remembered: `GPU-<uuid>`, else `<node>/<index>`, else
+    `<node>/pci:<bus>:<device>` (the kernel's `0000:3b:00` and dcgm-exporter's
+    `00000000:3B:00.0` alike). None: it names none."""
+    uuid = labels.get("uuid") or labels.get("UUID")
+    if uuid:
+        return uuid[:96]
+    if node is None:
+        return None
+    index = labels.get("gpu", "")
+    if index.isdigit():
+        return f"{node}/{int(index)}"
+    found = _PCI.match(labels.get("pci_bus_id", ""))
+    if found:
+        return f"{node}/pci:{found.group(1).lower()}:{found.group(2).lower()}"
+    return None
+
+
+class FailureMemory:
+    """The failures of the last window, by node and by GPU, in the order they came."""
+
+    def __init__(self, failures: Iterable[Failure] = ()) -> None:
+        self._by_node: dict[str, list[Failure]] = {}
+        self._by_gpu: dict[str, list[Failure]] = {}
+        self._known: set[Failure] = set()
+        for f in failures:
+            self.add(f)
+
+    def add(self, f: Failure) -> bool:
+        """Remember `f`; False when it is known already (an alert fed again after a restart)."""
+        if f in self._known:
+            return False
+        self._known.add(f)
+        if f.app_xid:
+            if f.gpu is not None:
+                self._by_gpu.setdefault(f.gpu, []).append(f)
+        else:
+            self._by_node.setdefault(f.node, []).append(f)
+        return True
+
+    def of_node(self, node: str, since: datetime) -> list[Failure]:
+        """The node's drains for its own faults since `since`."""
+        return [f for f in self._by_node.get(node, ()) if f.at >= since]
+
+    def on_gpu(self, gpu: str, since: datetime) -> list[Failure]:
+        """The application-class XIDs seen on the GPU since `since`."""
+        return [f for f in self._by_gpu.get(gpu, ()) if f.at >= since]
+
+    def forget(self, before: datetime) -> None:
+        self._known = {f for f in self._known if f.at >= before}
+        for index in (self._by_node, self._by_gpu):
+            for key in list(index):
+                kept = [f for f in index[key] if f.at >= before]
+                if kept:
+                    index[key] = kept
+                else:
+                    del index[key]
+
+    def __len__(self) -> int:
+        return sum(map(len, self._by_node.values())) + sum(map(len, self._by_gpu.values()))
