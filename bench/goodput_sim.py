@@ -3,26 +3,31 @@ goodput simulator (webhook/simulate) over 54 days, each policy on the same failu
 slurmedic's decisions from its real core.
 
 Prints, per policy: ETTR (cluster and the largest job), GPU-hours lost, healthy nodes drained,
-jobs stopped needlessly, escalations, and how long the run took; for slurmedic with the default
-policy, with a retry budget sized for the job's failure rate, and with the jobs also asking
-for requeues of their own crashes (`retry_application`). Then ETTR by checkpoint interval per
-policy, and its PNG; and the spread of ETTR over several failure traces, with `informed` (the
-oracle acting on the first alert of each failure) to split slurmedic's gap to the oracle into
-what the alerts' own delays cost and what slurmedic's waiting and decisions cost.
+jobs stopped and requeued needlessly, escalations, and how long the run took; for slurmedic
+with the default policy, and with the jobs also asking for requeues of their own crashes
+(`retry_application`) and `shared_cause.requeue_away`, what the default leaves to people. Then
+the spread over several failure traces on the default policy: ETTR, its gap to the oracle
+(mean, min, max), the tallies, the guards that changed decisions and the GPU-hours lost by
+cause against the oracle's in points of ETTR, with `informed` (the oracle acting on the first
+alert of each failure) to split slurmedic's gap into what the alerts' own delays cost and what
+slurmedic's waiting and decisions cost. Then ETTR by checkpoint interval, and its PNG.
 
-    .venv/bin/python -m bench.goodput_sim [--days 54] [--seeds 3] [--plot FILE] [--no-sweep]
+    .venv/bin/python -m bench.goodput_sim [--days 54] [--seeds 3] [--variants] [--blips N]
+        [--json FILE] [--plot FILE] [--no-sweep]
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import statistics
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from webhook.core.policy import Policy, load_policy
+from webhook.core.policy import Policy
 from webhook.simulate import report
 from webhook.simulate.model import KINDS, Delays, SimConfig
 from webhook.simulate.plot import ettr_plot
@@ -32,28 +37,9 @@ from webhook.simulate.trace import draw
 
 INTERVALS = ("10m", "20m", "30m", "1h", "2h")
 RETRY_APPLICATION = '{"slurmedic": {"retry_application": true}}'
+RETRIED = "slurmedic, retry_application"
 AWAY = "slurmedic, retry_application, requeue_away"
-VERIFIED = f"{AWAY}, verify (the recovery check)"
-APART = f"{AWAY}, max_hardware_requeues (hardware requeues counted apart)"
-INFORMED = "informed: the oracle, on the first alert of each failure"
-
-
-def sized_budget(cfg: SimConfig, policy: Policy) -> int:
-    """Three requeues for each failure the largest job should expect in the budget's window
-    (its nodes times the failure rate): the default budget of 3 a day was set for a job that
-    fails now and then, not for one that fails every three hours."""
-    largest = max(c.nodes for c in cfg.jobs)
-    per_node_day = sum(cfg.rates.values()) / 1000
-    window_days = policy.retry_budget.window.total_seconds() / 86400
-    return max(3, math.ceil(3 * largest * per_node_day * window_days))
-
-
-def hardware_apart(policy: Policy) -> Policy:
-    """`policy` with the requeues for hardware slurmedic blames counted apart, against a budget
-    of their own as large as the job's: a crash loop cannot spend what its GPU faults need."""
-    rules = policy.retry_budget
-    apart = rules.model_copy(update={"max_hardware_requeues": rules.max_requeues})
-    return policy.model_copy(update={"retry_budget": apart})
+INFORMED = "informed"
 
 
 def requeue_away(policy: Policy) -> Policy:
@@ -63,71 +49,128 @@ def requeue_away(policy: Policy) -> Policy:
     return policy.model_copy(update={"shared_cause": shared})
 
 
+def asking(cfg: SimConfig) -> SimConfig:
+    """`cfg` with every job asking for requeues of its own crashes."""
+    jobs = [c.model_copy(update={"comment": RETRY_APPLICATION}) for c in cfg.jobs]
+    return cfg.model_copy(update={"jobs": jobs})
+
+
+def gap(oracle: Outcome, o: Outcome) -> float:
+    return (oracle.ettr_cluster - o.ettr_cluster) / oracle.ettr_cluster
+
+
 def show(title: str, outcomes: list[Outcome]) -> None:
     print(f"\n## {title}\n")
     print(report.as_markdown(outcomes, "").strip())
     oracle = next((o for o in outcomes if o.policy == "oracle"), None)
     ours = next((o for o in outcomes if o.policy == "slurmedic"), None)
     if oracle is not None and ours is not None:
-        gap = (oracle.ettr_cluster - ours.ettr_cluster) / oracle.ettr_cluster
-        print(f"\nslurmedic's ETTR is {gap:.1%} below the oracle's")
+        print(f"\nslurmedic's ETTR is {gap(oracle, ours):.2%} below the oracle's")
 
 
-def seeds(cfg: SimConfig, asking: SimConfig, policy: Policy, waits: Delays, n: int) -> None:
-    """One trace is one draw of chance: the same comparison on `n` traces, to show the spread
-    (the sized budget; slurmedic also with the jobs asking for application retries)."""
-    rows: dict[str, list[float]] = {}
+def variants(cfg: SimConfig, waits: Delays, faults: Any) -> dict[str, Outcome]:
+    """slurmedic on the default policy, and with what the default leaves to people: the jobs'
+    own crashes retried (their comment), and a switch's jobs requeued off it."""
+    pol = Policy()
+    out = {}
+    for name, at, policy in (
+        (RETRIED, asking(cfg), pol),
+        (AWAY, asking(cfg), requeue_away(pol)),
+    ):
+        (o,) = compare(at, policy=policy, delays=waits, policies=("slurmedic",), faults=faults)
+        out[name] = replace(o, policy=name)
+    return out
+
+
+def seeds(cfg: SimConfig, waits: Delays, n: int, *, more: bool, dump: Path | None) -> None:
+    """The default policy on `n` traces (seeds 1..n): the spread of ETTR and of the gap to the
+    oracle, and where the gap is (GPU-hours lost by cause against the oracle's)."""
+    runs: dict[str, list[Outcome]] = {}
     for seed in range(1, n + 1):
         at = cfg.model_copy(update={"seed": seed})
-        for o in compare(at, policy=policy, delays=waits):
-            rows.setdefault(o.policy, []).append(o.ettr_cluster)
-        retried = compare(
-            asking.model_copy(update={"seed": seed}),
-            policy=policy,
+        faults = draw(at)
+        got = compare(
+            at,
+            policy=Policy(),
             delays=waits,
-            policies=("slurmedic",),
+            policies=("slurmedic", "oracle", "informed"),
+            faults=faults,
         )
-        rows.setdefault("slurmedic, retry_application", []).append(retried[0].ettr_cluster)
-        away = compare(
-            asking.model_copy(update={"seed": seed}),
-            policy=requeue_away(policy),
-            delays=waits,
-            policies=("slurmedic",),
+        for o in got:
+            runs.setdefault(o.policy, []).append(o)
+        if more:
+            for name, o in variants(at, waits, faults).items():
+                runs.setdefault(name, []).append(o)
+        ours, oracle = runs["slurmedic"][-1], runs["oracle"][-1]
+        print(
+            f"seed {seed}: oracle {oracle.ettr_cluster:.4f}, slurmedic {ours.ettr_cluster:.4f} "
+            f"(gap {gap(oracle, ours):.2%}), "
+            + ", ".join(
+                f"{k} {v[-1].ettr_cluster:.4f} ({gap(oracle, v[-1]):.2%})"
+                for k, v in runs.items()
+                if k not in ("slurmedic", "oracle")
+            ),
+            flush=True,
         )
-        rows.setdefault(AWAY, []).append(away[0].ettr_cluster)
-        apart = compare(
-            asking.model_copy(update={"seed": seed}),
-            policy=hardware_apart(requeue_away(policy)),
-            delays=waits,
-            policies=("slurmedic",),
-        )
-        rows.setdefault(APART, []).append(apart[0].ettr_cluster)
-        checked = compare(
-            asking.model_copy(update={"seed": seed, "verify": True}),
-            policy=requeue_away(policy),
-            delays=waits,
-            policies=("slurmedic",),
-        )
-        rows.setdefault(VERIFIED, []).append(checked[0].ettr_cluster)
-        told = compare(at, policy=policy, delays=waits, policies=("informed",))
-        rows.setdefault(INFORMED, []).append(told[0].ettr_cluster)
-    oracle = rows["oracle"]
-    print(f"\n## ETTR (cluster) over {n} failure traces (seeds 1-{n}), the sized budget\n")
-    print("| policy | mean | min | max | mean gap to the oracle |")
-    print("|---|---|---|---|---|")
-    gaps = {}
-    for name, ettr in rows.items():
-        gaps[name] = statistics.fmean((o - e) / o for o, e in zip(oracle, ettr, strict=True))
+    oracles = runs["oracle"]
+    print(f"\n## The default policy over {n} failure traces (seeds 1-{n})\n")
+    print(
+        "| policy | mean ETTR | min | max | mean gap to the oracle | min gap | max gap | "
+        "needless stops | needless requeues | escalations | healthy nodes drained |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, outs in runs.items():
+        ettr = [o.ettr_cluster for o in outs]
+        gaps = [gap(a, o) for a, o in zip(oracles, outs, strict=True)]
+        per = [o.tally for o in outs]
         print(
             f"| {name} | {statistics.fmean(ettr):.4f} | {min(ettr):.4f} | {max(ettr):.4f} "
-            f"| {gaps[name]:.1%} |"
+            f"| {statistics.fmean(gaps):.2%} | {min(gaps):.2%} | {max(gaps):.2%} "
+            f"| {sum(t.needless_stops for t in per)} | {sum(t.needless_requeues for t in per)} "
+            f"| {sum(t.escalations for t in per)} | {sum(t.healthy_drained for t in per)} |"
         )
+    print("\n(needless stops and requeues, escalations, healthy nodes drained: summed over traces)")
+    # GPU-hours a point of ETTR is: ETTR is over the jobs' GPUs (spare nodes aside).
+    total = cfg.busy_nodes * cfg.gpus_per_node * cfg.seconds / 3600 / 100
+    kinds = sorted({k for outs in runs.values() for o in outs for k in o.lost_by_kind})
+    beyond = [k for k in runs if k != "oracle"]
     print(
-        f"\nOf slurmedic's gap ({AWAY}: {gaps[AWAY]:.2%}), the alerts' own delays (scrape, "
-        f"evaluation, `for:`, timeouts, Alertmanager) are {gaps[INFORMED]:.2%}: the oracle "
-        f"acting on the first alert of each failure. slurmedic's waiting and decisions are "
-        f"the other {gaps[AWAY] - gaps[INFORMED]:.2%}."
+        "\nGPU-hours lost beyond the oracle's, by cause, in points of ETTR (mean over traces; "
+        "they add up to the gap in points)\n"
     )
+    print("| cause | " + " | ".join(beyond) + " |")
+    print("|" + "---|" * (len(beyond) + 1))
+    for k in kinds:
+        cells = []
+        for name in beyond:
+            diffs = [
+                (o.lost_by_kind.get(k, 0.0) - a.lost_by_kind.get(k, 0.0)) / total
+                for a, o in zip(oracles, runs[name], strict=True)
+            ]
+            cells.append(f"{statistics.fmean(diffs):+.2f}")
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    for name in beyond:
+        said = Counter[str]()
+        for o in runs[name]:
+            said.update(o.guards)
+        if said:
+            print(
+                f"\n{name}: decisions a guard changed (summed): "
+                + ", ".join(f"{g} {c}" for g, c in said.most_common())
+            )
+    told = statistics.fmean(gap(a, b) for a, b in zip(oracles, runs[INFORMED], strict=True))
+    mine = statistics.fmean(gap(a, b) for a, b in zip(oracles, runs["slurmedic"], strict=True))
+    print(
+        f"\nOf slurmedic's gap ({mine:.2%}), the alerts' own delays (scrape, evaluation, `for:`, "
+        f"timeouts, Alertmanager) are {told:.2%}: the oracle acting on the first alert of each "
+        f"failure. slurmedic's waiting and decisions are the other {mine - told:.2%}."
+    )
+    if dump is not None:
+        dump.parent.mkdir(parents=True, exist_ok=True)
+        dump.write_text(
+            json.dumps({k: [o.to_json() for o in v] for k, v in runs.items()}, indent=1)
+        )
+        print(f"outcomes: {dump}")
 
 
 def by_kind(cfg: SimConfig, policy: Policy, waits: Delays) -> None:
@@ -161,8 +204,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--plot", type=Path, default=Path("run/goodput.png"))
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--no-single", action="store_true", help="skip the one-trace tables")
     ap.add_argument("--seeds", type=int, default=3, help="traces for the spread (0: none)")
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help="over the traces too: slurmedic with retry_application, and with requeue_away",
+    )
+    ap.add_argument("--json", type=Path, help="every trace's outcomes, as JSON, to this file")
     ap.add_argument("--by-kind", action="store_true", help="the gap to the oracle by failure kind")
+    ap.add_argument("--blips", type=int, default=0, help="shared blips over the span (default 0)")
     ap.add_argument(
         "--fabric-error",
         type=float,
@@ -171,56 +222,50 @@ def main() -> None:
     )
     args = ap.parse_args()
     cfg = SimConfig(days=args.days, seed=args.seed)
+    if args.blips:
+        cfg = cfg.model_copy(update={"blips": cfg.blips.model_copy(update={"count": args.blips})})
     waits = replace(delays(), fabric_error=args.fabric_error)
     faults = draw(cfg)
-    print(report.header(cfg, faults, "see each table"))
+    print(report.header(cfg, faults, "the defaults (see each table)"))
     if args.fabric_error is None:
         print("- a dead link or leaf: its jobs wait out NCCL's collective timeout\n")
     else:
         print(f"- a dead link or leaf: its jobs' NCCL error after {args.fabric_error:g} s\n")
 
-    began = time.perf_counter()
-    default = compare(cfg, policy=Policy(), delays=waits)
-    took = time.perf_counter() - began
-    show("The default policy", default)
-    print("run: " + ", ".join(f"{o.policy} {o.seconds:.1f} s" for o in default))
-    gpus = cfg.nodes * cfg.gpus_per_node
-    print(f"\nfour policies, {args.days:g} days of {gpus:,} GPUs: {took:.1f} s")
-
-    budget = sized_budget(cfg, Policy())
-    sized = load_policy({"retry_budget": {"max_requeues": budget}})
-    show(
-        f"Retry budget sized for the largest job: {budget} requeues a day",
-        compare(cfg, policy=sized, delays=waits, policies=("slurmedic", "oracle")),
-    )
-    asking = cfg.model_copy(
-        update={"jobs": [c.model_copy(update={"comment": RETRY_APPLICATION}) for c in cfg.jobs]}
-    )
-    best = compare(asking, policy=sized, delays=waits, policies=("slurmedic", "oracle"))
-    show(f"... and the jobs ask for requeues of their own crashes ({RETRY_APPLICATION})", best)
-    oracle = [o for o in best if o.policy == "oracle"]
-    away = compare(asking, policy=requeue_away(sized), delays=waits, policies=("slurmedic",))
-    show("... and shared_cause.requeue_away: true", away + oracle)
-    apart = compare(
-        asking, policy=hardware_apart(requeue_away(sized)), delays=waits, policies=("slurmedic",)
-    )
-    show(f"... and retry_budget.max_hardware_requeues: {budget}", apart + oracle)
+    if not args.no_single:
+        began = time.perf_counter()
+        default = compare(cfg, policy=Policy(), delays=waits, faults=faults)
+        took = time.perf_counter() - began
+        show("The default policy", default)
+        print("run: " + ", ".join(f"{o.policy} {o.seconds:.1f} s" for o in default))
+        gpus = cfg.nodes * cfg.gpus_per_node
+        print(f"\nfour policies, {args.days:g} days of {gpus:,} GPUs: {took:.1f} s")
+        oracle = [o for o in default if o.policy == "oracle"]
+        more = variants(cfg, waits, faults)
+        show(
+            f"... and the jobs ask for requeues of their own crashes ({RETRY_APPLICATION})",
+            [replace(more[RETRIED], policy="slurmedic"), *oracle],
+        )
+        show(
+            "... and shared_cause.requeue_away: true",
+            [replace(more[AWAY], policy="slurmedic"), *oracle],
+        )
 
     if args.seeds:
-        seeds(cfg, asking, sized, waits, args.seeds)
+        seeds(cfg, waits, args.seeds, more=args.variants, dump=args.json)
     if args.by_kind:
-        by_kind(asking, sized, waits)
+        by_kind(asking(cfg), Policy(), waits)
     if args.no_sweep:
         return
     from webhook.core import durations
 
     intervals = [durations.parse(i) for i in INTERVALS]
     began = time.perf_counter()
-    swept = sweep(cfg, intervals, policy=sized, delays=waits)
+    swept = sweep(cfg, intervals, policy=Policy(), delays=waits)
     print()
     print(report.sweep_markdown(swept).strip())
     print(
-        f"\n(budget {budget}; {len(intervals)} intervals x 4 policies: "
+        f"\n(the default policy; {len(intervals)} intervals x 4 policies: "
         f"{time.perf_counter() - began:.0f} s)"
     )
     args.plot.parent.mkdir(parents=True, exist_ok=True)

@@ -86,7 +86,18 @@ def test_a_comment_cannot_raise_the_retry_budget() -> None:
             comment='{"slurmedic": {"max_requeues": 1000}}',
         )
     )
-    history = [PastAction(at=T0 - timedelta(hours=i), action="requeue", job=1) for i in range(1, 4)]
+    # Three hardware faults in a day, each requeued away from a node of its own: all a job of
+    # two nodes may meet (the policy's max_requeues; it expects 0.008).
+    history = [
+        PastAction(
+            at=T0 - timedelta(hours=i),
+            action="requeue",
+            job=1,
+            exclude=(f"gpu{i + 4:02}",),
+            cause="gpu_hardware",
+        )
+        for i in range(1, 4)
+    ]
     e = Engine.with_history(v, load_policy({"settle_seconds": 10}), history)
     e.receive(alert(T0, signal="gpu_hw", node="gpu01", slurm_job_id="1"), T0)
     decisions = e.tick(T0 + timedelta(seconds=10))

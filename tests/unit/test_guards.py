@@ -18,11 +18,19 @@ from webhook.core import guards as g
 from webhook.core.alerts import Alert, wrap
 from webhook.core.attribution import Attribution
 from webhook.core.cluster import ClusterView, Job, Node
-from webhook.core.decisions import BreakerOpened, Counted, Decision, GuardState, PastAction, plan
+from webhook.core.decisions import (
+    BreakerOpened,
+    Counted,
+    Decision,
+    GuardState,
+    PastAction,
+    plan,
+    removes,
+)
 from webhook.core.engine import Engine
 from webhook.core.evidence import Evidence
 from webhook.core.lifecycle import EXECUTED, EXPIRED, FAILED, RECORDED, REJECTED
-from webhook.core.policy import SHARED, load_policy
+from webhook.core.policy import SHARED, PolicyError, load_policy
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -376,69 +384,180 @@ def test_retry_budget_remembers_where_a_blameless_failure_began() -> None:
     assert isinstance(spent, Counted) and spent.action.nodes == ("gpu01",)
 
 
-def test_retry_budget_stops_a_job_out_of_budget() -> None:
-    used = tuple(PastAction(T0 - timedelta(hours=h), "requeue", 7) for h in (1, 2, 30))
-    c = ctx(GPU, job(), history=used, retry_budget={"max_requeues": 2})
+def test_retry_budget_stops_a_crash_loop() -> None:
+    # The same failure again with nothing taken out of the job's reach: its own budget.
+    used = tuple(
+        PastAction(T0 - timedelta(hours=h), "requeue", 7, cause="application") for h in (1, 2, 30)
+    )
+    retrying = job("FAILED", comment={"retry_application": True})
+    c = ctx(APP, retrying, history=used, retry_budget={"max_requeues": 2})
     out = g.retry_budget(planned(c, "requeue"), c)
     assert summary(out) == [
         ("stop", "retry_budget_exhausted", (), ()),
         ("escalate", "retry_budget_exhausted", (), ()),
     ]
     assert out.decisions[0].reason == (
-        "job 7 was requeued 2 time(s) in the last 86400s (budget 2); XID 79 on gpu02"
+        "job 7 was requeued 2 time(s) with nothing taken out of its reach in the last 86400s "
+        "(budget 2); XID 13 on gpu01"
     )
     assert out.effects == ()
+    # A hang's requeues remove nothing either.
+    hangs = tuple(PastAction(T0 - timedelta(hours=h), "requeue", 7, cause="hang") for h in (1, 2))
+    c = ctx(HANG, job(), history=hangs, retry_budget={"max_requeues": 2})
+    assert summary(g.retry_budget(planned(c, "requeue"), c))[0][:2] == (
+        "stop",
+        "retry_budget_exhausted",
+    )
+
+
+def test_a_crash_loop_of_a_large_job_is_stopped_all_the_same() -> None:
+    # A 1,920-node job may meet 21 hardware faults a day, not 4 crashes of its own code.
+    big = job("FAILED", comment={"retry_application": True}, nodes=NODES_1920)
+    used = tuple(
+        PastAction(T0 - timedelta(hours=h), "requeue", 7, cause="application") for h in (1, 2, 3)
+    )
+    c = ctx(APP, big, history=used)
+    assert summary(g.retry_budget(planned(c, "requeue"), c))[0][:2] == (
+        "stop",
+        "retry_budget_exhausted",
+    )
+
+
+def gpu_faults(n: int, start: int = 0) -> tuple[PastAction, ...]:
+    """n requeues for GPU faults within the last day, each away from a node of its own."""
+    return tuple(
+        PastAction(
+            T0 - timedelta(minutes=60 * (i + 1)),
+            "requeue",
+            7,
+            exclude=(f"gpu{start + i:04}",),
+            cause="gpu_hardware",
+            incident=f"7.{i}",
+        )
+        for i in range(n)
+    )
+
+
+NODES_1920 = tuple(f"gpu{i:04}" for i in range(1, 1921))
+
+
+def test_a_large_job_is_not_stopped_for_its_independent_gpu_faults() -> None:
+    # A 1,920-node job expects 7.3 failures a day at 3.8 per 1,000 node-days: its 8th GPU
+    # fault of the day (each requeue excluded a new node) is requeued, not stopped.
+    big = job(nodes=NODES_1920)
+    c = ctx(GPU, big, history=gpu_faults(7))
+    d = planned(c, "requeue")
+    assert g.retry_budget(d, c).decisions == (d,)
+    # Bounded by what its size explains: three times that, 21 a day.
+    assert load_policy({}).hardware_requeues(1920) == 21
+    c = ctx(GPU, big, history=gpu_faults(20))
+    assert g.retry_budget(planned(c, "requeue"), c).decisions == (d,)
+    c = ctx(GPU, big, history=gpu_faults(21))
+    out = g.retry_budget(planned(c, "requeue"), c)
+    assert summary(out)[0][:2] == ("stop", "retry_budget_exhausted")
+    assert out.decisions[0].reason == (
+        "job 7 was requeued 21 time(s) away from its failures' nodes in the last 86400s "
+        "(budget 21: 3 x the 7.3 failures 1920 nodes expect at 3.8 per 1,000 node-days); "
+        "XID 79 on gpu02"
+    )
+    # Its crashes do not spend what its GPU faults need, nor the other way round.
+    crashes = tuple(
+        PastAction(T0 - timedelta(hours=h), "requeue", 7, cause="application") for h in (1, 2, 3)
+    )
+    c = ctx(GPU, big, history=crashes + gpu_faults(7))
+    assert g.retry_budget(planned(c, "requeue"), c).decisions == (d,)
+
+
+def test_a_small_job_that_meets_hardware_faults_abnormally_often_is_stopped() -> None:
+    # Two nodes expect 0.008 failures a day: the fourth in a day, each on a node taken out of
+    # its reach, is not chance (a job that trips what it runs on). The budget is max_requeues.
+    c = ctx(GPU, job(), history=gpu_faults(2))
+    d = planned(c, "requeue")
+    assert g.retry_budget(d, c).decisions == (d,)
+    c = ctx(GPU, job(), history=gpu_faults(3))
+    out = g.retry_budget(planned(c, "requeue"), c)
+    assert summary(out)[0][:2] == ("stop", "retry_budget_exhausted")
+    assert out.decisions[0].reason == (
+        "job 7 was requeued 3 time(s) away from its failures' nodes in the last 86400s "
+        "(budget 3); XID 79 on gpu02"
+    )
+
+
+def test_the_hardware_budget_scales_with_the_job_and_the_policy() -> None:
+    policy = load_policy({})
+    assert policy.failure_rate == 3.8 and policy.retry_budget.hardware_headroom == 3
+    sizes = {8: 3, 64: 3, 256: 3, 512: 5, 1024: 11, 1920: 21, 2048: 23}
+    assert {n: policy.hardware_requeues(n) for n in sizes} == sizes
+    # A week's window, a higher rate, more headroom; never under max_requeues.
+    week = load_policy({"retry_budget": {"window": "7d", "max_requeues": 5}, "failure_rate": 6.5})
+    assert week.hardware_requeues(8) == 5 and week.hardware_requeues(1024) == 139
+    assert load_policy({"failure_rate": 0}).hardware_requeues(2048) == 3
+    assert load_policy({"retry_budget": {"hardware_headroom": 1}}).hardware_requeues(1920) == 7
+    # max_hardware_requeues: a fixed budget whatever the size (old files keep their meaning).
+    fixed = load_policy({"retry_budget": {"max_hardware_requeues": 4}})
+    assert fixed.hardware_requeues(8) == 4 and fixed.hardware_requeues(1920) == 4
+    with pytest.raises(PolicyError, match="failure_rate"):
+        load_policy({"failure_rate": -1})
+
+
+def test_a_requeue_that_excludes_nodes_removes_them_whatever_its_cause() -> None:
+    assert removes("gpu_hardware", ("gpu02",)) and removes(SHARED, ("gpu01", "gpu02"))
+    assert removes("node_failure", ())  # the owner's list holds the node already
+    assert removes("application", ("gpu02",))  # e.g. a GPU its faults point at, drained
+    assert not removes("application", ()) and not removes("hang", ()) and not removes("", ())
 
 
 def test_the_requeue_for_a_failed_recovery_spends_the_budget_once() -> None:
     # 7.0 was requeued; the recovery check found its successor, 7.1, failed. The requeue now
     # decided for 7.1's failure counts that failure: one short of the budget is not out of it.
+    # (The job's own failures: a crash retried, and its successor's failed recovery.)
+    retrying = job("FAILED", comment={"retry_application": True})
     spent = (
         PastAction(T0 - timedelta(hours=1), "requeue", 7, incident="7.0"),
         PastAction(T0 - timedelta(minutes=10), "recovery_failed", 7, incident="verify:7.0"),
     )
-    c = ctx(GPU, job(), history=spent, retry_budget={"max_requeues": 2})
+    c = ctx(APP, retrying, history=spent, retry_budget={"max_requeues": 2})
     d = planned(c, "requeue", incident="7.1")
     assert g.retry_budget(d, c).decisions == (d,)
     # A later attempt's requeue is another failure (7.1's was never requeued by slurmedic).
-    later = ctx(GPU, job(), history=spent, retry_budget={"max_requeues": 2})
+    later = ctx(APP, retrying, history=spent, retry_budget={"max_requeues": 2})
     assert summary(g.retry_budget(planned(later, "requeue", "7.2"), later))[0][:2] == (
         "stop",
         "retry_budget_exhausted",
     )
 
 
-def test_hardware_requeues_can_have_a_budget_of_their_own() -> None:
-    # A crash loop spent the job's budget; then a GPU fault.
+def test_hardware_requeues_have_a_budget_of_their_own() -> None:
+    # A crash loop spent the job's budget; then a GPU fault: requeued away from its node.
     crashes = tuple(
         PastAction(T0 - timedelta(hours=h), "requeue", 7, cause="application") for h in (1, 2)
     )
     faults = tuple(
-        PastAction(T0 - timedelta(hours=h), "requeue", 7, cause=c)
-        for h, c in ((3, "gpu_hardware"), (4, "node_failure"), (5, "network"))
+        PastAction(T0 - timedelta(hours=h), "requeue", 7, exclude=(n,), cause=c)
+        for h, c, n in (
+            (3, "gpu_hardware", "gpu05"),
+            (4, "node_failure", "gpu06"),
+            (5, "network", "gpu07"),
+        )
     )
-    one = {"max_requeues": 2}
-    c = ctx(GPU, job(), history=crashes, retry_budget=one)
-    assert summary(g.retry_budget(planned(c, "requeue"), c))[0][:2] == (
-        "stop",
-        "retry_budget_exhausted",
-    )
+    for budget in ({"max_requeues": 2}, {"max_requeues": 2, "max_hardware_requeues": 3}):
+        c = ctx(GPU, job(), history=crashes, retry_budget=budget)
+        d = planned(c, "requeue")
+        assert g.retry_budget(d, c).decisions == (d,)
     apart = {"max_requeues": 2, "max_hardware_requeues": 3}
-    c = ctx(GPU, job(), history=crashes, retry_budget=apart)
-    d = planned(c, "requeue")
-    assert g.retry_budget(d, c).decisions == (d,)
     # Each budget still holds: the fourth hardware requeue, the third of the job's own.
     c = ctx(GPU, job(), history=crashes + faults, retry_budget=apart)
     out = g.retry_budget(planned(c, "requeue"), c)
     assert out.decisions[0].action == "stop"
     assert out.decisions[0].reason.startswith(
-        "job 7 was requeued 3 time(s) for the cluster's faults in the last 86400s (budget 3)"
+        "job 7 was requeued 3 time(s) away from its failures' nodes in the last 86400s (budget 3)"
     )
     retrying = job("FAILED", comment={"retry_application": True})
     c = ctx(APP, retrying, history=crashes + faults, retry_budget=apart)
     out = g.retry_budget(planned(c, "requeue"), c)
     assert out.decisions[0].reason.startswith(
-        "job 7 was requeued 2 time(s) for its own failures in the last 86400s (budget 2)"
+        "job 7 was requeued 2 time(s) with nothing taken out of its reach in the last 86400s "
+        "(budget 2)"
     )
     # A failed recovery is the job's own failure, whatever the cause of the requeue it judged.
     failed = PastAction(T0 - timedelta(minutes=5), "recovery_failed", 7, cause="gpu_hardware")
@@ -446,15 +565,23 @@ def test_hardware_requeues_can_have_a_budget_of_their_own() -> None:
     assert summary(g.retry_budget(planned(c, "requeue"), c))[0][0] == "stop"
     # The job's own budget holds for both together: it asks for fewer in all, never for more.
     asking = job(comment={"max_requeues": 3})
-    c = ctx(GPU, asking, history=(*crashes, faults[0]), retry_budget=apart)
-    out = g.retry_budget(planned(c, "requeue"), c)
-    assert out.decisions[0].action == "stop"
-    assert out.decisions[0].reason.startswith(
-        "job 7 was requeued 3 time(s) in the last 86400s (its own budget 3)"
+    for budget in (apart, {}):
+        c = ctx(GPU, asking, history=(*crashes, faults[0]), retry_budget=budget)
+        out = g.retry_budget(planned(c, "requeue"), c)
+        assert out.decisions[0].action == "stop"
+        assert out.decisions[0].reason.startswith(
+            "job 7 was requeued 3 time(s) in the last 86400s (its own budget 3)"
+        )
+        c = ctx(GPU, asking, history=crashes, retry_budget=budget)
+        d = planned(c, "requeue")
+        assert g.retry_budget(d, c).decisions == (d,)
+    # Also a large job's: its comment caps its GPU faults' requeues too.
+    big = job(comment={"max_requeues": 5}, nodes=NODES_1920)
+    c = ctx(GPU, big, history=gpu_faults(5))
+    assert summary(g.retry_budget(planned(c, "requeue"), c))[0][:2] == (
+        "stop",
+        "retry_budget_exhausted",
     )
-    c = ctx(GPU, asking, history=crashes, retry_budget=apart)
-    d = planned(c, "requeue")
-    assert g.retry_budget(d, c).decisions == (d,)
 
 
 def test_a_comment_lowers_the_budget_and_never_raises_it() -> None:
@@ -464,7 +591,13 @@ def test_a_comment_lowers_the_budget_and_never_raises_it() -> None:
         "stop",
         "retry_budget_exhausted",
     )
-    higher = ctx(GPU, job(comment={"max_requeues": 9}), history=used * 3)
+    higher = ctx(GPU, job(comment={"max_requeues": 9}), history=gpu_faults(3))
+    assert summary(g.retry_budget(planned(higher, "requeue"), higher))[0][:2] == (
+        "stop",
+        "retry_budget_exhausted",
+    )
+    looping = job("FAILED", comment={"max_requeues": 9, "retry_application": True})
+    higher = ctx(APP, looping, history=used * 3)
     assert summary(g.retry_budget(planned(higher, "requeue"), higher))[0][:2] == (
         "stop",
         "retry_budget_exhausted",

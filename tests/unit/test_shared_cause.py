@@ -11,7 +11,7 @@ from decimal import Decimal, getcontext
 
 from webhook.core.cluster import ClusterView, Job, Node
 from webhook.core.evidence import Evidence
-from webhook.core.policy import SharedCause
+from webhook.core.policy import FAILURE_RATE, SharedCause
 from webhook.core.shared_cause import FailingNodes
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -19,7 +19,11 @@ SIGNALS = ("gpu_hw", "node_down", "network", "nccl_timeout", "app_error")
 
 
 def afresh(
-    view: ClusterView, evidence: list[Evidence], rules: SharedCause, now: datetime
+    view: ClusterView,
+    evidence: list[Evidence],
+    rules: SharedCause,
+    now: datetime,
+    rate: float = FAILURE_RATE,
 ) -> tuple[set[str], str, dict[str, tuple[str, ...]]]:
     """Rule 5 counted from all the evidence: the reference."""
     latest: dict[str, datetime] = {}
@@ -51,8 +55,8 @@ def afresh(
         shared |= failing
         why.append(f"{len(failing)} nodes across {len(jobs)} jobs")
         away = {}  # cluster-wide: no healthy side to move to
-    elif burst(view, failing, latest, rules):
-        units, leaves, expected = _burst_counts(view, failing, rules)
+    elif burst(view, failing, latest, rules, rate):
+        units, leaves, expected = _burst_counts(view, failing, rules, rate)
         on = f" on {len(leaves)} leaf switches" if leaves else ""
         held = f"{len(jobs)} job(s)" if jobs else "idle nodes"
         shared |= failing
@@ -60,8 +64,8 @@ def afresh(
         if len(units) != len(failing):
             count += f" in {len(units)} failures"
         why.append(f"{count}{on} across {held}")
-        rate = f"{rules.failure_rate:g} per 1,000 node-days"
-        note = f", where this cluster's failure rate ({rate}) expects {expected:.1g}"
+        per = f"{rate:g} per 1,000 node-days"
+        note = f", where this cluster's failure rate ({per}) expects {expected:.1g}"
         away = {}
     window = int(rules.window.total_seconds())
     said = f"{' and '.join(why)} failed within {window}s" if why else ""
@@ -79,7 +83,7 @@ def _qualifying(view: ClusterView, failing: set[str], rules: SharedCause) -> set
 
 
 def _burst_counts(
-    view: ClusterView, failing: set[str], rules: SharedCause
+    view: ClusterView, failing: set[str], rules: SharedCause, rate: float
 ) -> tuple[set[str], set[str], float]:
     """Independent failures (a failing switch is one), the leaves they are on, and how many
     the cluster's rate expects in the window."""
@@ -91,7 +95,7 @@ def _burst_counts(
         leaves |= under
         units |= {f"switch {s}" for s in under & qualifying} or {n}
     days = rules.window.total_seconds() / 86400
-    return units, leaves, len(view.nodes) * rules.failure_rate / 1000 * days
+    return units, leaves, len(view.nodes) * rate / 1000 * days
 
 
 def poisson_tail(count: int, expected: float) -> float:
@@ -107,8 +111,9 @@ def burst(
     failing: set[str],
     latest: dict[str, datetime],
     rules: SharedCause,
+    rate: float,
 ) -> bool:
-    units, leaves, expected = _burst_counts(view, failing, rules)
+    units, leaves, expected = _burst_counts(view, failing, rules, rate)
     holders = {j.id for n in failing for j in view.jobs_on(n, latest[n])} | {
         n for n in failing if not view.jobs_on(n, latest[n])
     }
@@ -157,9 +162,9 @@ def test_the_kept_count_agrees_with_counting_afresh() -> None:
         cluster_min_nodes=4,
     )
     # Bursts need more failures at a high rate (and none at all under switch_rules).
-    rules = rules.model_copy(update={"failure_rate": 3000.0})
     switch_rules = rules.model_copy(update={"cluster_min_nodes": 1000, "burst_min_nodes": 1000})
-    burst_rules = rules.model_copy(update={"cluster_min_nodes": 1000, "failure_rate": 6.5})
+    burst_rules = rules.model_copy(update={"cluster_min_nodes": 1000})
+    rates = {id(rules): 3000.0, id(switch_rules): 3000.0, id(burst_rules): FAILURE_RATE}
     view = cluster(per_switch=8)
     failing, evidence = FailingNodes(), []
     now = T0
@@ -185,8 +190,8 @@ def test_the_kept_count_agrees_with_counting_afresh() -> None:
         # Every third look, rules under which only a switch can be a shared cause; every third,
         # rules under which a burst is the only cluster-wide one.
         ruled = (rules, switch_rules, burst_rules)[step % 3]
-        verdict = failing.at(now, view, ruled)
-        shared, why, away = afresh(view, evidence, ruled, now)
+        verdict = failing.at(now, view, ruled, rates[id(ruled)])
+        shared, why, away = afresh(view, evidence, ruled, now, rates[id(ruled)])
         assert {n for n in view.nodes if verdict.covers(n)} == shared, step
         assert {n: a for n in view.nodes if (a := verdict.away(n))} == away, step
         if shared:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,12 @@ from click.testing import CliRunner
 from webhook.cli import main
 from webhook.core.alerts import Alert
 from webhook.core.policy import load_policy
-from webhook.simulate.model import LLAMA3_CAUSES, Delays, SimConfig, llama3_rates
+from webhook.simulate.model import LLAMA3_CAUSES, Blips, Delays, SimConfig, llama3_rates
 from webhook.simulate.responders import Informed, Slurmedic
 from webhook.simulate.run import Outcome, simulate
 from webhook.simulate.site import delays
 from webhook.simulate.trace import Fault, draw
-from webhook.simulate.world import World, when
+from webhook.simulate.world import World, node_name, when
 
 H = 3600.0
 
@@ -386,3 +387,105 @@ def test_a_bad_cluster_file_names_the_key(tmp_path: Path):
     unknown.write_text("nodez: 4\n")
     got = CliRunner().invoke(main, ["simulate", "--cluster", str(unknown)])
     assert got.exit_code == 1 and "nodez: unknown key" in got.output
+
+
+def test_blips_are_drawn_from_the_seed_apart_from_the_other_failures():
+    plain = small(days=3, seed=4, rates={k: v * 20 for k, v in llama3_rates().items()})
+    blipping = plain.model_copy(update={"blips": Blips(count=5, nodes=4)})
+    drawn = draw(blipping)
+    assert drawn == draw(blipping)
+    blips = [f for f in drawn if f.kind == "blip"]
+    assert len(blips) == 5 and [f for f in drawn if f.kind != "blip"] == draw(plain)
+    for f in blips:  # one node a leaf, over every leaf of four; back a minute later
+        assert len({n // 16 for n in f.nodes}) == 4 and f.lasts == 60 and f.where == f.nodes[0]
+    other = draw(blipping.model_copy(update={"seed": 5}))
+    assert [f for f in other if f.kind == "blip"] != blips
+    # More nodes than leaves: every leaf one, then a second under some.
+    six = draw(plain.model_copy(update={"blips": Blips(count=1, nodes=6)}))
+    (f,) = [f for f in six if f.kind == "blip"]
+    assert len(set(f.nodes)) == 6 and len({n // 16 for n in f.nodes}) == 4
+    # None by default: Llama 3's trace has no published rate of them.
+    assert SimConfig().blips.count == 0
+    with pytest.raises(ValueError, match="under SlurmdTimeout"):
+        Blips(lasts="5m")
+
+
+def blip_at_a_ping(world: World, after: float, nodes: tuple[int, ...], lasts: float) -> Fault:
+    """A blip of `nodes` that starts 10 s before slurmctld's first ping after `after`."""
+    return Fault(world._ping(after) - 10, "blip", nodes[0], nodes=nodes, lasts=lasts)
+
+
+def test_a_blip_shows_its_nodes_not_responding_and_they_come_back():
+    # Nodes 5 and 20 run the big job, 50 a small one, 60 nothing.
+    world = World(small(), delays())
+    responder = Slurmedic(world, load_policy({}))
+    blip = blip_at_a_ping(world, 2 * H, (5, 20, 50, 60), 60)
+    world.later(blip.at, lambda: world.fail(blip))
+    shown: dict[str, dict[str, str]] = {}
+
+    def look(when_: str) -> None:
+        shown[when_] = {node_name(i): world.view.nodes[node_name(i)].status for i in blip.nodes}
+
+    world.later(blip.at + 5, partial(look, "before the ping"))
+    world.later(blip.at + 11, partial(look, "at the ping"))
+    seen: list[Alert] = []
+    drive(world, responder, seen)
+    assert set(shown["before the ping"].values()) == {""}
+    assert shown["at the ping"] == {
+        "gpu00006": "allocated*",
+        "gpu00021": "allocated*",
+        "gpu00051": "allocated*",
+        "gpu00061": "idle*",
+    }
+    # The rules send what they would: SlurmNodeDown for the nodes that run a job, no job label.
+    downs = [a.labels for a in seen if a.labels["alertname"] == "SlurmNodeDown"]
+    assert sorted(a["node"] for a in downs) == ["gpu00006", "gpu00021", "gpu00051"]
+    assert all(a["signal"] == "node_down" and "slurm_job_id" not in a for a in downs)
+    assert len(seen) == len(downs)  # nothing else: no job failed, none was marked down
+    # Every node answers again at slurmctld's next ping; none was broken.
+    assert not any(n.silent or n.broken for n in world.nodes)
+    assert world.tally.blips == world.tally.blips_seen == 1
+    assert "*" not in "".join(n.status for n in world.view.nodes.values())
+
+
+def test_the_core_drains_none_of_a_blip_s_nodes_where_the_naive_policy_drains_them():
+    cfg = small()
+    world = World(cfg, delays())
+    blip = blip_at_a_ping(world, 2 * H, (5, 20, 50, 60), 60)
+    got = {p: run(cfg, p, [blip]) for p in ("naive", "slurmedic", "oracle")}
+    for p, o in got.items():
+        t = o.tally
+        assert (t.blips, t.blips_seen, t.failures) == (1, 1, 0), p
+    ours, oracle, naive = (got[p].tally for p in ("slurmedic", "oracle", "naive"))
+    # Three nodes that stop answering on three leaves under two jobs at once: a burst, one
+    # shared cause (issue 36). Nothing drained or requeued, one escalation, the other incident
+    # waiting with it. The naive policy drains the three healthy nodes (the idle one sent
+    # nothing) and requeues the big job and a small one with nothing wrong.
+    assert (ours.healthy_drained, ours.blip_drained) == (0, 0)
+    assert (ours.needless_requeues, ours.blip_requeues) == (0, 0)
+    assert ours.escalations == 1 and got["slurmedic"].guards == {"storm_escalated": 1}
+    assert (oracle.drains, oracle.requeues, oracle.blip_drained, oracle.blip_requeues) == (0,) * 4
+    assert (naive.blip_drained, naive.blip_requeues) == (3, 2)
+    # A blip over before slurmctld pings is not seen at all.
+    short = Fault(world._ping(2 * H) + 20, "blip", 5, nodes=(5, 20), lasts=30)
+    unseen = run(cfg, "slurmedic", [short]).tally
+    assert (unseen.blips, unseen.blips_seen, unseen.alerts, unseen.drains) == (1, 0, 0, 0)
+
+
+def test_slurmedic_simulate_adds_blips_on_request(tmp_path: Path):
+    cluster = tmp_path / "cluster.yml"
+    cluster.write_text(
+        "nodes: 64\njobs:\n  - {name: big, nodes: 48}\nrates: {gpu: 0}\n"
+        "blips: {nodes: 4, lasts: 90s}\n"
+    )
+    args = ["simulate", "--cluster", str(cluster), "--days", "2", "--policies", "slurmedic"]
+    got = CliRunner().invoke(main, [*args, "--blips", "6", "--format", "json"])
+    assert got.exit_code == 0, got.output
+    out = json.loads(got.stdout)
+    assert out["config"]["blips"] == {"count": 6, "nodes": 4, "lasts": "PT1M30S"}
+    (o,) = out["outcomes"]
+    assert o["blips"] == 6 and o["blips_seen"] >= 1
+    md = CliRunner().invoke(main, [*args, "--blips", "6"])
+    assert "Blips: 6," in md.output and "| slurmedic |" in md.output
+    none = CliRunner().invoke(main, args)
+    assert "Blips" not in none.output

@@ -82,6 +82,13 @@ def _intervals(value: str) -> list[timedelta]:
     "retries, about 9 s with its defaults); default: they wait out the collective timeout.",
 )
 @click.option(
+    "--blips",
+    type=click.IntRange(min=0),
+    help="Shared blips over the span: each time, a dozen nodes over as many leaves stop "
+    "responding at once and answer again a minute later, nothing broken (the cluster file's "
+    "`blips:` sets their size and length; default 0).",
+)
+@click.option(
     "--sweep",
     "sweep_",
     help="Checkpoint intervals to compare too, e.g. 10m,30m,1h,2h (every job class's).",
@@ -102,6 +109,7 @@ def simulate(
     rules_config: Path | None,
     alertmanager: Path | None,
     fabric_error: float | None,
+    blips: int | None,
     sweep_: str | None,
     plot: Path | None,
     fmt: str,
@@ -116,6 +124,8 @@ def simulate(
     policy = policy_of(policy_path)
     try:
         cfg = sim_config(cluster_file, days=days, nodes=nodes, seed=seed)
+        if blips is not None:
+            cfg = cfg.model_copy(update={"blips": cfg.blips.model_copy(update={"count": blips})})
         rules = RuleSource(config_file=rules_config) if rules_config else None
         waits = replace(delays(rules, alertmanager), fabric_error=fabric_error)
     except SiteError as e:

@@ -43,8 +43,8 @@ DRAIN_CAUSES = {"gpu_hardware", "node_failure", "network", "degraded", "straggle
 # progress; a restart that died of one is not the job failing to make progress.
 FAULT_CAUSES = frozenset({"gpu_hardware", "node_failure", "network", "degraded"})
 # The cluster's failures, not the job's: what slurmedic blames on nodes it drains, and a shared
-# cause it requeues jobs away from. With retry_budget.max_hardware_requeues, their requeues
-# have a budget apart from the job's own failures'.
+# cause it requeues jobs away from. A requeue for one takes the failure's nodes out of the
+# job's reach (`removes`).
 CLUSTER_CAUSES = frozenset({*DRAIN_CAUSES, SHARED})
 SCHEDULER_ACTIONS = frozenset({"drain", "requeue", "stop", "resume"})  # the ones that change Slurm
 JOB_ACTIONS = frozenset({"requeue", "stop"})  # the ones that interrupt a job
@@ -174,11 +174,12 @@ class GuardState:
     )
 
     def requeues(
-        self, job: int, since: datetime, deciding: str = "", cluster: bool | None = None
+        self, job: int, since: datetime, deciding: str = "", removing: bool | None = None
     ) -> int:
         """Requeues of the job, and its failed recoveries that no requeue counts: each failure
-        spends the budget once. With `cluster`, only the requeues for the cluster's failures
-        (CLUSTER_CAUSES), or only the others and the failed recoveries (the job's own).
+        spends the budget once. With `removing`, only the requeues that took the failure's
+        nodes out of the job's reach (`removes`), or only the others and the failed recoveries
+        (the job's own failures, what a crash loop spends).
 
         A failed recovery (`verify:1001.3`: attempt 1001.4 failed) is counted by the requeue
         for that attempt's failure (`1001.4`), made before or being decided now (`deciding`);
@@ -200,7 +201,8 @@ class GuardState:
             for h in mine
             if h.at >= since
             and (
-                cluster is None or (h.action == "requeue" and h.cause in CLUSTER_CAUSES) == cluster
+                removing is None
+                or (h.action == "requeue" and removes(h.cause, h.exclude)) == removing
             )
             and (h.action == "requeue" or (h.action == "recovery_failed" and not recounted(h)))
         )
@@ -422,6 +424,15 @@ def closes(carried: Iterable[str], standing: Iterable[Decision]) -> bool:
     if any(d.action == "none" and d.guard == "job_running" for d in standing):
         return bool(done & JOB_ACTIONS)
     return bool(done)
+
+
+def removes(cause: str, exclude: Collection[str]) -> bool:
+    """Whether a requeue takes the failure's nodes out of the job's reach: the cluster's failure
+    (nodes blamed and drained, a failing switch), or any requeue that excludes nodes. Such a
+    failure cannot loop (its nodes are gone from the job), so its requeues have a budget of
+    their own, scaled with the job's size (Policy.hardware_requeues); a requeue that removes
+    nothing is the same failure again if it recurs: a crash loop (retry_budget.max_requeues)."""
+    return cause in CLUSTER_CAUSES or bool(exclude)
 
 
 def job_failed(job: Job, evidence: Iterable[Evidence]) -> bool:

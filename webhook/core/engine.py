@@ -634,7 +634,7 @@ class Engine:
             entry = heapq.heappop(self._due)
             if self._current(entry) is not None:
                 due[entry[1]] = entry[0]
-        shared = self.failing.at(now, self.view, self.policy.shared_cause)
+        shared = self.failing.at(now, self.view, self.policy.shared_cause, self.policy.failure_rate)
         decisions: list[Decision] = []
         for key, _ in sorted(due.items(), key=lambda p: (p[1], p[0])):
             incident = self.incidents[key]

@@ -26,7 +26,6 @@ from webhook.core import durations, recovery
 from webhook.core.attribution import Attribution, names
 from webhook.core.cluster import ENDED_ON_PURPOSE, ClusterView, Job
 from webhook.core.decisions import (
-    CLUSTER_CAUSES,
     FAULT_CAUSES,
     GLOBAL_SWITCH,
     BreakerOpened,
@@ -39,6 +38,7 @@ from webhook.core.decisions import (
     first_failing,
     job_failed,
     plan,
+    removes,
     with_mode,
 )
 from webhook.core.disruption import with_disruption
@@ -499,38 +499,49 @@ def no_progress(d: Decision, ctx: Context) -> Outcome:
 
 
 def retry_budget(d: Decision, ctx: Context) -> Outcome:
-    """At most N requeues of a job in the window (a job may ask for fewer, never for more);
-    past that, stop + escalate. A requeue it lets through is spent from the budget. With
-    `max_hardware_requeues`, requeues for the cluster's failures (a node slurmedic drains, a
-    shared cause) have a budget of their own."""
+    """Two budgets a job in the window, counted apart; past one, stop + escalate (a requeue
+    away from a shared cause: it waits for the person). A requeue that removes nothing from
+    the job (its crash retried, a hang, a failure nobody is blamed for) spends
+    `max_requeues`: the same failure again with nothing removed is a crash loop. One that
+    takes the failure's nodes out of its reach (drained, or a failing switch's) cannot loop;
+    it spends a budget its size explains (Policy.hardware_requeues), so a job of thousands of
+    nodes is not stopped for the GPU faults it meets every few hours, and one that meets them
+    far more often than that is. The job's comment may ask for fewer requeues in all, never
+    for more. A requeue it lets through is spent from its budget."""
     job = ctx.job
     if not _planned(d, "requeue") or job is None:
         return _keep(d)
-    rules = ctx.policy.retry_budget
-    cluster = None if rules.max_hardware_requeues is None else ctx.attr.cause in CLUSTER_CAUSES
-    budget = rules.max_requeues
-    if cluster and rules.max_hardware_requeues is not None:
-        budget = rules.max_hardware_requeues
+    policy, rules = ctx.policy, ctx.policy.retry_budget
     since, window = ctx.now - rules.window, int(rules.window.total_seconds())
-    used = ctx.guards.requeues(job.id, since, deciding=d.incident, cluster=cluster)
-    kind = {True: " for the cluster's faults", False: " for its own failures", None: ""}[cluster]
     wanted = job.options().get("max_requeues")
     if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
-        if cluster is None:
-            budget = min(budget, wanted)
+        total = ctx.guards.requeues(job.id, since, deciding=d.incident)
+        if total >= wanted:
+            why = (
+                f"job {job.id} was requeued {total} time(s) in the last {window}s (its own "
+                f"budget {wanted}); {ctx.attr.reason}"
+            )
+            return _give_up(d, "retry_budget_exhausted", why)
+    removing = removes(ctx.attr.cause, d.exclude)
+    used = ctx.guards.requeues(job.id, since, deciding=d.incident, removing=removing)
+    if removing:
+        budget = policy.hardware_requeues(len(job.nodes))
+        kind = " away from its failures' nodes"
+        if rules.max_hardware_requeues is None and budget > rules.max_requeues:
+            expected = policy.expected_failures(len(job.nodes), rules.window)
+            basis = (
+                f"budget {budget}: {rules.hardware_headroom:g} x the {expected:.1f} failures "
+                f"{len(job.nodes)} nodes expect at {policy.failure_rate:g} per 1,000 node-days"
+            )
         else:
-            # A job may ask for fewer requeues in all, never for more: its own budget is one.
-            total = ctx.guards.requeues(job.id, since, deciding=d.incident)
-            if total >= wanted:
-                why = (
-                    f"job {job.id} was requeued {total} time(s) in the last {window}s (its "
-                    f"own budget {wanted}); {ctx.attr.reason}"
-                )
-                return _give_up(d, "retry_budget_exhausted", why)
+            basis = f"budget {budget}"
+    else:
+        budget, basis = rules.max_requeues, f"budget {rules.max_requeues}"
+        kind = " with nothing taken out of its reach"
     if used >= budget:
         why = (
-            f"job {job.id} was requeued {used} time(s){kind} in the last {window}s "
-            f"(budget {budget}); {ctx.attr.reason}"
+            f"job {job.id} was requeued {used} time(s){kind} in the last {window}s ({basis}); "
+            f"{ctx.attr.reason}"
         )
         return _give_up(d, "retry_budget_exhausted", why)
     # A requeue nobody could be blamed for remembers where the job failed first (its

@@ -6,6 +6,7 @@ One YAML file, validated with errors that name the bad key. Defaults are DESIGN.
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import Annotated, Any, Literal, get_args
 
@@ -37,6 +38,9 @@ Cause = Literal[
 ]
 # Rule 5's cause: never drained, and a job is never stopped for it.
 SHARED: Cause = "shared_infrastructure"
+# Failures per 1,000 node-days of a large training fleet: Llama 3 405B's (419 in 54 days on
+# 2,048 nodes), the published figure for the jobs slurmedic is for.
+FAILURE_RATE = 3.8
 MODES: tuple[str, ...] = get_args(Mode)
 ACTIONS: tuple[str, ...] = get_args(Action)
 CAUSES: tuple[str, ...] = get_args(Cause)
@@ -66,11 +70,26 @@ class Scope(_Strict):
 
 
 class RetryBudget(_Strict):
+    """Two budgets per job in `window`, counted apart (decisions.removes):
+
+    - the requeues that take nothing away from the job (its crash with retry_application, a
+      hang, a failure nobody is blamed for, a failed recovery): the same failure again with
+      nothing removed is a crash loop, stopped after `max_requeues`;
+    - the requeues that take the failure's nodes out of its reach (nodes slurmedic blames and
+      drains, a failing switch's): they cannot loop, and a job of thousands of nodes meets
+      such a failure every few hours. Bounded by what the job's size explains: `hardware_
+      headroom` times the failures its nodes expect in the window at the policy's
+      `failure_rate` (rounded down), never fewer than `max_requeues`; or a fixed
+      `max_hardware_requeues`. Past it the job meets failures far more often than independent
+      faults would give it (a job that breaks or trips what it runs on): stopped for a person.
+    """
+
     max_requeues: int = Field(default=3, ge=0)
     window: Duration = timedelta(hours=24)
-    # Requeues for the cluster's failures (CLUSTER_CAUSES: nodes slurmedic drains, a shared
-    # cause) counted apart, with their own limit: a crash loop then cannot spend the budget a
-    # large job needs for the GPU faults it meets every few hours. None: one for every cause.
+    hardware_headroom: float = Field(default=3.0, ge=0)
+    # A number: that budget for the requeues that remove nodes, whatever the job's size,
+    # instead of the one its size gives. (Before the budgets were always apart, it was the
+    # opt-in that counted them apart; unset then meant one budget for every requeue.)
     max_hardware_requeues: int | None = Field(default=None, ge=0)
 
 
@@ -86,11 +105,9 @@ class SharedCause(_Strict):
     cluster_fraction: float = Field(default=0.2, gt=0, le=1)
     cluster_min_nodes: int = Field(default=4, ge=1)
     # Bursts: node failures across leaf switches and jobs within the window that independent
-    # failures would produce less often than once in 1 / burst_chance windows, at the
-    # cluster's failure rate (per 1,000 node-days; Meta's research clusters, the higher of the
-    # published figures: a higher rate calls fewer bursts). With 2,048 nodes: 4 within 5m;
-    # with 16,384: 7; never fewer than burst_min_nodes.
-    failure_rate: float = Field(default=6.5, gt=0)
+    # failures would produce less often than once in 1 / burst_chance windows, at the policy's
+    # `failure_rate`. With 2,048 nodes: 4 within 5m; with 16,384: 6; never fewer than
+    # burst_min_nodes.
     burst_chance: float = Field(default=1e-6, gt=0, lt=1)
     burst_min_nodes: int = Field(default=3, ge=2)
     # A node that stopped answering or lost its fabric port is drained no sooner than this after
@@ -171,6 +188,12 @@ class Policy(_Strict):
     # before it. 0: such an alert is always a failure of the idle node.
     node_alert_lag: Duration = timedelta(minutes=2)
     retry_budget: RetryBudget = RetryBudget()
+    # The cluster's base failure rate: failures that interrupt a job, per 1,000 node-days of
+    # its nodes (shared/reference/reliability-figures.md: Llama 3 405B, 419 in 54 days on
+    # 2,048 nodes, 3.8; Meta's research clusters 2.34 and 6.50). What a job of N nodes
+    # expects in a window (`expected_failures`): the retry budget for requeues that remove
+    # nodes scales with it, and a burst is judged against it (shared_cause).
+    failure_rate: float = Field(default=FAILURE_RATE, ge=0)
     breaker: Breaker = Breaker()
     shared_cause: SharedCause = SharedCause()
     repeats: Repeats = Repeats()
@@ -194,6 +217,20 @@ class Policy(_Strict):
             "retry_budget.window": self.retry_budget.window,
             "breaker.window": self.breaker.window,
         }
+
+    def expected_failures(self, nodes: int, window: timedelta) -> float:
+        """The failures a job on `nodes` nodes expects in `window` at `failure_rate`."""
+        return nodes * self.failure_rate / 1000 * window.total_seconds() / 86400
+
+    def hardware_requeues(self, nodes: int) -> int:
+        """The retry budget, in `retry_budget.window`, for the requeues of a job on `nodes`
+        nodes that take the failure's nodes out of its reach (RetryBudget)."""
+        rules = self.retry_budget
+        if rules.max_hardware_requeues is not None:
+            return rules.max_hardware_requeues
+        expected = self.expected_failures(nodes, rules.window)
+        # Rounded down; a product that is a whole number may come out a hair under it.
+        return max(rules.max_requeues, math.floor(rules.hardware_headroom * expected + 1e-9))
 
     @property
     def retention_age(self) -> timedelta:

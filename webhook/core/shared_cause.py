@@ -21,7 +21,7 @@ from typing import Protocol
 
 from webhook.core.cluster import ClusterView
 from webhook.core.evidence import Evidence
-from webhook.core.policy import SharedCause
+from webhook.core.policy import FAILURE_RATE, SharedCause
 from webhook.core.signals import HARDWARE
 
 
@@ -55,7 +55,13 @@ class FailingNodes:
             heapq.heappush(self._heap, (ev.starts_at, ev.node))
             self._enter(ev.node)
 
-    def at(self, now: datetime, view: ClusterView, rules: SharedCause) -> SharedCauses:
+    def at(
+        self,
+        now: datetime,
+        view: ClusterView,
+        rules: SharedCause,
+        failure_rate: float = FAILURE_RATE,
+    ) -> SharedCauses:
         """Rule 5's verdict at `now`; it holds until evidence is added again."""
         if view.switches is not self._switches:
             # A new view (every refresh) mostly brings the same topology: count afresh only
@@ -75,7 +81,7 @@ class FailingNodes:
                 start, node = heapq.heappop(self._heap)
                 if self.latest.get(node) == start:
                     self._leave(node)
-        return SharedCauses(self, view, rules)
+        return SharedCauses(self, view, rules, failure_rate)
 
     def forget(self, before: datetime) -> None:
         """Retention: nodes whose hardware evidence all started before `before` are forgotten
@@ -138,8 +144,15 @@ class SharedCauses:
     """Rule 5 at one instant: whether a shared cause covers a node, and a sentence saying which
     (many nodes across jobs at once, or most of a switch)."""
 
-    def __init__(self, failing: FailingNodes, view: ClusterView, rules: SharedCause) -> None:
+    def __init__(
+        self,
+        failing: FailingNodes,
+        view: ClusterView,
+        rules: SharedCause,
+        failure_rate: float = FAILURE_RATE,
+    ) -> None:
         self._failing, self._view, self._rules = failing, view, rules
+        self._rate = failure_rate
         self._jobs: int | None = None
         self._reason: str | None = None
         self._burst: bool | None = None
@@ -197,7 +210,7 @@ class SharedCauses:
         """How many node failures the window holds on average, at the cluster's failure rate."""
         rules = self._rules
         days = rules.window.total_seconds() / 86400
-        return len(self._view.nodes) * rules.failure_rate / 1000 * days
+        return len(self._view.nodes) * self._rate / 1000 * days
 
     @property
     def jobs(self) -> int:
@@ -291,7 +304,7 @@ class SharedCauses:
             self._reason = f"{' and '.join(why)} failed within {window}s" if why else ""
             if burst:
                 self._reason += (
-                    f", where this cluster's failure rate ({self._rules.failure_rate:g} per "
+                    f", where this cluster's failure rate ({self._rate:g} per "
                     f"1,000 node-days) expects {self.expected_failures():.1g}"
                 )
         return self._reason

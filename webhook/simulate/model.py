@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from webhook.core.policy import Duration
 
@@ -22,7 +22,11 @@ from webhook.core.policy import Duration
 #   switch  a leaf switch: every node under it loses its port at once (healthy nodes)
 #   app     the job's own code crashes on every rank; some bugs recur on every restart
 #   hang    a collective hangs with nothing wrong on any node (NCCL watchdog)
-Kind = Literal["gpu", "node", "link", "switch", "app", "hang"]
+# and, drawn apart (`blips`, none by default: no published rate):
+#   blip    nodes over many leaves stop responding at the same moment and come back about a
+#           minute later (a controller hiccup, a fabric flap, a bad driver rollout): nothing is
+#           broken; Slurm shows them not responding, fails no job and marks none down
+Kind = Literal["gpu", "node", "link", "switch", "app", "hang", "blip"]
 KINDS: tuple[Kind, ...] = ("gpu", "node", "link", "switch", "app", "hang")
 # Failures that leave a node broken until it is repaired (the others leave every node healthy).
 NODE_FAULTS = frozenset({"gpu", "node", "link"})
@@ -105,6 +109,26 @@ class HumanDelay(_Model):
         return median * math.exp(rng.gauss(0.0, sigma))
 
 
+class Blips(_Model):
+    """Shared blips: `count` times over the span (at random times), `nodes` nodes, one a leaf
+    over as many leaves as that takes, stop responding at once and come back `lasts` later.
+    Shorter than SlurmdTimeout (300 s): Slurm marks none of them down and fails no job."""
+
+    count: int = Field(default=0, ge=0)
+    nodes: int = Field(default=12, ge=1)
+    lasts: Duration = timedelta(seconds=60)
+
+    @field_validator("lasts")
+    @classmethod
+    def _shorter_than_slurmd_timeout(cls, v: timedelta) -> timedelta:
+        if not timedelta(0) < v < timedelta(seconds=Delays.slurmd_timeout):
+            raise ValueError(
+                f"must be above 0 and under SlurmdTimeout ({Delays.slurmd_timeout:g} s): a node "
+                "silent longer is down, its jobs failed NODE_FAIL (the `node` kind)"
+            )
+        return v
+
+
 class SimConfig(_Model):
     days: float = Field(default=LLAMA3_DAYS, gt=0)
     nodes: int = Field(default=LLAMA3_NODES, ge=2)
@@ -123,6 +147,8 @@ class SimConfig(_Model):
     link_repair: Duration = timedelta(hours=4)
     switch_repair: Duration = timedelta(hours=1)
     human: HumanDelay = HumanDelay()
+    # Shared blips of many nodes at once (none by default).
+    blips: Blips = Blips()
     # slurmedic checks that each requeue it made brought the job back to training: a site that
     # pushes training progress and sets `verification.prometheus_url` (off by default there too).
     verify: bool = False

@@ -17,6 +17,7 @@ COLUMNS = (
     ("gpu_hours_lost", "GPU-hours lost"),
     ("healthy_drained", "healthy nodes drained"),
     ("needless_stops", "jobs stopped needlessly"),
+    ("needless_requeues", "jobs requeued needlessly"),
     ("escalations", "escalations"),
     ("drains", "drains"),
     ("requeues", "requeues"),
@@ -62,7 +63,7 @@ def as_markdown(outcomes: list[Outcome], head: str) -> str:
     for o in outcomes:
         row = o.to_json()
         lines.append("| " + " | ".join(_cell(k, row[k]) for k, _ in COLUMNS) + " |")
-    lines += ["", *lost_markdown(outcomes)]
+    lines += ["", *lost_markdown(outcomes), *blips_markdown(outcomes)]
     for o in outcomes:
         if o.guards:
             said = ", ".join(f"{g} {n}" for g, n in o.guards.items())
@@ -84,6 +85,27 @@ def lost_markdown(outcomes: list[Outcome]) -> list[str]:
     for k in kinds:
         cells = " | ".join(f"{o.lost_by_kind.get(k, 0.0):,.0f}" for o in outcomes)
         lines.append(f"| {k} | {cells} |")
+    return lines
+
+
+def blips_markdown(outcomes: list[Outcome]) -> list[str]:
+    """What each policy did for the blips (none unless the config has them): the healthy nodes
+    a blip hit that it drained, and the jobs on them it requeued with nothing wrong."""
+    if not any(o.tally.blips for o in outcomes):
+        return []
+    t = outcomes[0].tally
+    lines = [
+        "",
+        f"Blips: {t.blips}, {t.blips_seen} seen by Slurm (a ping fell within: its nodes shown "
+        "not responding, SlurmNodeDown for those that run a job); what each policy did for them "
+        "within the hour after",
+        "",
+        "| policy | healthy nodes drained | jobs requeued with nothing wrong |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {o.policy} | {o.tally.blip_drained:,} | {o.tally.blip_requeues:,} |" for o in outcomes
+    ]
     return lines
 
 

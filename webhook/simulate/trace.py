@@ -19,6 +19,9 @@ class Fault:
     recurs: bool = False  # app: the bug recurs on every restart until it is fixed ...
     fix_after: float = 0.0  # ... this long after it first crashed the job (its owner's fix)
     gpu: int = 0
+    # blip: the nodes (indices) that stop responding, and how long until they answer again.
+    nodes: tuple[int, ...] = ()
+    lasts: float = 0.0
 
 
 def leaves(cfg: SimConfig) -> int:
@@ -40,5 +43,32 @@ def draw(cfg: SimConfig) -> list[Fault]:
             recurs = kind == "app" and rng.random() < cfg.app_recurs
             fix = cfg.human.draw(rng) if recurs else 0.0
             faults.append(Fault(t, kind, where, recurs, fix, rng.randrange(cfg.gpus_per_node)))
+    faults += blips(cfg)
     faults.sort(key=lambda f: (f.at, f.kind, f.where))
     return faults
+
+
+def blips(cfg: SimConfig) -> list[Fault]:
+    """The config's blips, from a stream of their own (the other failures are the same with
+    them or without): each at a random time, its nodes one a leaf over as many leaves as that
+    takes (a leaf's second node once every leaf has one), chosen at random."""
+    rng = random.Random(f"{cfg.seed}|blips")
+    spec, n_leaves = cfg.blips, leaves(cfg)
+    out = []
+    for _ in range(spec.count):
+        at = rng.uniform(0, cfg.seconds)
+        under = [
+            rng.sample(
+                range(leaf * cfg.leaf_nodes, min((leaf + 1) * cfg.leaf_nodes, cfg.nodes)),
+                min(cfg.leaf_nodes, cfg.nodes - leaf * cfg.leaf_nodes),
+            )
+            for leaf in rng.sample(range(n_leaves), n_leaves)
+        ]
+        chosen: list[int] = []
+        depth = 0
+        while len(chosen) < min(spec.nodes, cfg.nodes):
+            chosen += [nodes[depth] for nodes in under if depth < len(nodes)]
+            depth += 1
+        picked = tuple(sorted(chosen[: spec.nodes]))
+        out.append(Fault(at, "blip", picked[0], nodes=picked, lasts=spec.lasts.total_seconds()))
+    return out

@@ -32,10 +32,16 @@ def when(t: float) -> datetime:
     return EPOCH + timedelta(seconds=t)
 
 
+LONG = {"alloc": "allocated", "drain": "drained"}  # sinfo's long state, for a `*`
+
+
 def node_name(i: int) -> str:
     return f"gpu{i + 1:05d}"
 
 
+# What is done to a node, or a job on it, this long after a blip made it not respond is
+# counted as done for the blip (Tally.blip_*).
+BLIP_BLAME = 3600.0
 # The loss breakdown's names for what is not a fault of the trace.
 START = "start"  # first starts and their queue
 NEEDLESS = "needless"  # an attempt a policy requeued or stopped with nothing wrong
@@ -49,6 +55,8 @@ class SimNode:
     broken: Fault | None = None  # the truth: a gpu, node or link fault not yet mended
     out: str = ""  # "drain" or "down": out of service
     job: int | None = None
+    silent: bool = False  # Slurm shows it not responding (`*`): a blip
+    blipped: float = -math.inf  # when a blip last made it so
 
 
 @dataclass
@@ -122,6 +130,13 @@ class Tally:
     alerts: int = 0
     failures: int = 0  # failures that hit a job (recurrences included)
     owner_restarts: int = 0  # failed jobs nobody had acted on when their owner looked
+    needless_requeues: int = 0  # requeues of attempts that ran with nothing wrong
+    # Blips (none unless the config has them): how many, how many Slurm saw (a ping fell
+    # within), and what was done to healthy nodes and jobs for them within BLIP_BLAME after.
+    blips: int = 0
+    blips_seen: int = 0
+    blip_drained: int = 0  # healthy nodes a blip hit, drained
+    blip_requeues: int = 0  # attempts with nothing wrong, on a node a blip hit, requeued
     # GPU-seconds of training lost against the ideal run, by the kind of fault that ended the
     # attempt (its unsaved work, its restart, and the wait until the next attempt starts); an
     # attempt no fault ended answers for the fault that made it. START: the first queue.
@@ -191,9 +206,17 @@ class World:
             self.idle.add(n.index)
         else:
             self.idle.discard(n.index)
+        if n.silent:
+            self.idle.discard(n.index)  # Slurm places nothing on a node that does not respond
         reason = {"drain": "slurmedic sim", "down": "Not responding"}.get(n.out, "")
         self.view.nodes[n.name] = Node(
-            n.name, PARTITION, state, reason, f"leaf{n.leaf:04d}", gpus=self.cfg.gpus_per_node
+            n.name,
+            PARTITION,
+            state,
+            reason,
+            f"leaf{n.leaf:04d}",
+            status=f"{LONG.get(state, state)}*" if n.silent else "",
+            gpus=self.cfg.gpus_per_node,
         )
         self._changed = True
 
@@ -299,6 +322,9 @@ class World:
         if f.kind == "switch":
             self._switch(f)
             return
+        if f.kind == "blip":
+            self._blip(f)
+            return
         node = self.nodes[f.where]
         if f.kind in ("app", "hang"):
             job = self.jobs.get(node.job) if node.job is not None else None
@@ -365,6 +391,56 @@ class World:
         node.out = "down"  # Slurm's own doing; mended after the repair time
         self._show_node(node)
         self._mend_later(node)
+
+    def _ping(self, after: float) -> float:
+        """slurmctld's next ping of every node at or after `after`: every SlurmdTimeout/3, at
+        a phase of the trace's own."""
+        every = self.delays.slurmd_timeout / 3
+        phase = self.chance("ping").uniform(0, every)
+        return phase + math.ceil((after - phase) / every) * every
+
+    def _blip(self, f: Fault) -> None:
+        """The nodes stop responding now and answer again `f.lasts` later; nothing is broken.
+        Slurm sees it only if a ping falls within: then it shows them not responding (`*`)
+        until the next ping after they are back, marks none down (that takes SlurmdTimeout)
+        and fails no job. SlurmNodeDown fires for those that run a job (`allocated*`)."""
+        self.tally.blips += 1
+        seen, back = self._ping(self.now), self.now + f.lasts
+        if seen >= back:
+            return  # back before slurmctld asked
+        self.tally.blips_seen += 1
+        answered = self._ping(back)
+        d = self.delays
+        self.later(seen, partial(self._silent, f.nodes, True))
+        self.later(answered, partial(self._silent, f.nodes, False))
+        for i in f.nodes:
+            # The rule needs the state to hold at a scrape and an evaluation, for its `for:`.
+            if answered - seen > d.node_down_for + d.scrape + d.evaluation:
+                self.later(seen, partial(self._not_responding, self.nodes[i]))
+
+    def _silent(self, nodes: tuple[int, ...], silent: bool) -> None:
+        for i in nodes:
+            node = self.nodes[i]
+            if node.out == "down":
+                continue  # down already: Slurm's own story
+            node.silent = silent
+            if silent:
+                node.blipped = self.now
+            self._show_node(node)
+        if not silent:
+            self.place()
+
+    def _not_responding(self, node: SimNode) -> None:
+        """SlurmNodeDown for a node shown not responding that runs a job (its status
+        `allocated*`; an idle one's `idle*` is not the rule's)."""
+        if node.job is None or not node.silent:
+            return
+        labels = {"node": node.name, "severity": "critical"}
+        self._alert(
+            self.now,
+            self.delays.node_down_for,
+            labels | {"alertname": "SlurmNodeDown", "signal": "node_down"},
+        )
 
     def _switch(self, f: Fault) -> None:
         cfg, d, t = self.cfg, self.delays, self.now
@@ -480,6 +556,7 @@ class World:
                 self._mend_later(node)
             else:  # a person finds nothing wrong and resumes it
                 self.tally.healthy_drained += 1
+                self.tally.blip_drained += self.now - node.blipped <= BLIP_BLAME
                 back = self.now + self.person("resume", node.name, f"{self.now:.0f}")
                 self.later(back, partial(self.resume, node))
 
@@ -497,6 +574,11 @@ class World:
         excluded less the nodes readmitted (what slurmedic's requeue playbook does)."""
         if job.state in ("PENDING", "CANCELLED"):
             return False
+        if job.running and job.fault is None:  # it ran with nothing wrong
+            self.tally.needless_requeues += 1
+            self.tally.blip_requeues += any(
+                self.now - self.nodes[i].blipped <= BLIP_BLAME for i in job.nodes
+            )
         if job.running:
             self._end_attempt(job, "REQUEUED")
         self.tally.requeues += 1
