@@ -194,7 +194,8 @@ def failed_on_gpu01_02(ended: datetime) -> ClusterView:
 
 
 def test_a_late_node_alert_that_joined_an_approved_decision_is_the_node_s_own_failure() -> None:
-    """Approve mode. Job 1 crashes (its traceback) and ends; its incident is decided: stop,
+    """Approve mode. Job 1 crashes on every rank alike (their tracebacks) and ends; its incident
+    is decided: stop,
     awaiting approval. A person approves and the stop runs. gpu02's XID, starting within
     node_alert_lag of the job's end, arrives before the loop has learnt that: it joins the job's
     incident, which the loop then closes as carried out. The XID is not lost with it: it goes
@@ -203,10 +204,11 @@ def test_a_late_node_alert_that_joined_an_approved_decision_is_the_node_s_own_fa
     v = failed_on_gpu01_02(ended)
     e = engine(v, mode="approve")
     opened = T0 + timedelta(seconds=20)
-    e.receive(
-        alert(T0 + timedelta(seconds=10), signal="app_error", node="gpu02", slurm_job_id="1"),
-        opened,
-    )
+    for node in ("gpu01", "gpu02"):
+        e.receive(
+            alert(T0 + timedelta(seconds=10), signal="app_error", node=node, slurm_job_id="1"),
+            opened,
+        )
     (stop,) = e.tick(opened + timedelta(seconds=10))
     assert (stop.incident, stop.action, stop.state) == ("1.0", "stop", "awaiting_approval")
     xid_at = ended + timedelta(seconds=100)
@@ -215,7 +217,7 @@ def test_a_late_node_alert_that_joined_an_approved_decision_is_the_node_s_own_fa
     )
     assert got.incidents == ("1.0",)
     e.close({k: {"stop"} for k in e.revisable() if k == "1.0"})  # the ledger says the stop ran
-    assert [ev.signal for ev in e.incidents["1.0"].evidence] == ["app_error"]
+    assert [ev.signal for ev in e.incidents["1.0"].evidence] == ["app_error", "app_error"]
     decided = e.tick(xid_at + timedelta(seconds=30))
     assert [(d.incident, d.action, tuple(d.nodes)) for d in decided] == [
         ("node:gpu02", "drain", ("gpu02",))

@@ -1071,7 +1071,8 @@ def test_room_counts_the_owner_s_exclusions() -> None:
         g.room(away, c)
         .decisions[0]
         .reason.startswith(
-            "job 7 needs 2 node(s); partition train has 1 in service off the failing switch and"
+            "job 7 needs 2 node(s); partition train has 1 free or its own in service off the"
+            " failing switch and"
             " its own excluded nodes (gpu03, gpu04, gpu05, gpu06, gpu07 and 3 more);"
         )
     )

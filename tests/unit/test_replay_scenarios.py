@@ -108,13 +108,13 @@ def test_scenario(path: Path) -> None:
 
 def test_node_alert_lag_0_makes_a_late_alert_an_idle_node_s_failure() -> None:
     """The same crash as decide-xid-after-the-job-crashed-joins-its-failure with the lag
-    off: the traceback alone decides the job's incident (an application failure, stopped), and
-    the XID that came after the job's end is a failure of the idle gpu02."""
+    off: the traceback alone decides the job's incident (an application failure: one rank's,
+    requeued once), and the XID that came after the job's end is a failure of the idle gpu02."""
     scenario = load(
         REPO / "tests" / "scenarios" / "decide-xid-after-the-job-crashed-joins-its-failure.yaml"
     )
     off = scenario.model_copy(update={"policy": {"node_alert_lag": "0s"}})
     got = {(d.incident, d.action, d.cause) for d in run(off)}
-    assert ("3110.0", "stop", "application") in got
+    assert ("3110.0", "requeue", "application") in got
     assert ("node:gpu02", "drain", "gpu_hardware") in got
-    assert not any(i == "3110.0" and a in ("drain", "requeue") for i, a, _ in got)
+    assert not any(i == "3110.0" and a in ("drain", "stop") for i, a, _ in got)

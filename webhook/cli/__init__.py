@@ -21,6 +21,7 @@ COMMANDS = {
     "decisions": "webhook.cli.decisions:decisions",
     "lab": "lab.cli:lab",
     "loop": "webhook.cli.serve:loop_cmd",
+    "nodes": "webhook.cli.nodes:nodes",
     "policy": "webhook.cli.policy:policy",
     "reject": "webhook.cli.review:reject",
     "replay": "webhook.cli.replay:replay",

@@ -51,8 +51,9 @@ class Attribution:
     # The latest start of the hardware evidence a shared cause covers: when the storm was.
     storm_at: datetime | None = None
     # Application: it failed on some of the job's nodes and the others timed out after it (one
-    # rank's crash), not on every node alike (the code).
+    # rank's crash), not on every node alike (the code); `crashed`: where the errors were.
     partial: bool = False
+    crashed: tuple[str, ...] = ()
     # Every node of the storm a shared cause covers (not only this incident's): one escalation
     # tells a person of the whole storm.
     storm: tuple[str, ...] = ()
@@ -255,17 +256,22 @@ def application(f: Facts) -> Attribution | None:
     where = {e.node for e in app if e.node}
     scope = f"on {names(where)}" if where else "in the job"
     example = next((e.summary for e in app if e.summary), app[0].alertname)
-    # One rank's crash: its error on some of the job's nodes, and others timed out after it. An
-    # error on every node (or naming none) is the code's, whatever else was logged.
+    # One rank's crash: its error on one node of the job (its other ranks, if they say
+    # anything, time out or lose their peer: an agent like torchrun kills them at once), or on
+    # some of its nodes while the others timed out after it. Errors on several nodes and
+    # nothing else, or on every node, or naming none, are the code's.
     waited = f.nodes_of(*TIMEOUT) - where
-    partial = bool(where) and bool(waited) and where < f.job_nodes
-    if partial:
+    partial = bool(where) and where < f.job_nodes and (bool(waited) or len(where) == 1)
+    if partial and waited:
         scope += f" while {names(waited)} timed out waiting"
+    elif partial:
+        scope += f" alone of the job's {len(f.job_nodes)} nodes"
     return Attribution(
         "application",
         (),
         f"Application errors {scope} and no hardware evidence: {example}",
         partial=partial,
+        crashed=tuple(sorted(where)),
     )
 
 

@@ -361,6 +361,10 @@ class GuardState:
     def _drains_of(self, nodes: Collection[str]) -> dict[str, list[PastAction]]:
         return {n: self._index.drains_of(self.history, n) for n in nodes}
 
+    def of_job(self, job: int, since: datetime) -> list[PastAction]:
+        """The job's actions since `since` (carried out or counted so)."""
+        return [h for h in self._index.of_job(self.history, job) if h.at >= since]
+
     def requeue_for(self, job: int, cause: str, since: datetime | None) -> PastAction | None:
         """The job's last requeue for `cause` ("": any) since `since` (None: ever), if any."""
         found = [

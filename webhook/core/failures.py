@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 # RESTART_APP classes whose repeats on one GPU point at the GPU (the catalog's investigatory
 # workflows for 13 and 31; 43 is their kin, a reset channel verification error).
@@ -102,3 +102,66 @@ class FailureMemory:
 
     def __len__(self) -> int:
         return sum(map(len, self._by_node.values())) + sum(map(len, self._by_gpu.values()))
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One node's failures over a period: what `slurmedic nodes` and the console list."""
+
+    node: str
+    failures: int  # its drains for its own faults and the application XIDs on its GPUs
+    drains: int
+    app_xids: int
+    causes: tuple[str, ...]  # what it was drained for, and `xid:31` for XIDs, most first
+    gpus: tuple[str, ...]  # the GPUs its application XIDs were on
+    jobs: int  # the jobs those failures hit
+    first: datetime
+    last: datetime
+    # Failures within `window` of each other reaching `count`: a hardware suspect.
+    suspect: bool
+
+
+def lemons(failures: Iterable[Failure], window: timedelta, count: int) -> list[NodeRecord]:
+    """Each node's record, the lemons first (most failures, then the latest): in every published
+    fleet a few nodes cause most of the exclusions."""
+    by_node: dict[str, list[Failure]] = {}
+    for f in failures:
+        by_node.setdefault(f.node, []).append(f)
+    records = []
+    for node, mine in by_node.items():
+        mine.sort(key=lambda f: f.at)
+        drains = [f for f in mine if not f.app_xid]
+        kinds: dict[str, int] = {}
+        for f in mine:
+            kinds[f.kind] = kinds.get(f.kind, 0) + 1
+        # A run of `count` drains (or application XIDs on one GPU) within the window.
+        runs = [drains, *_by_gpu(mine).values()]
+        suspect = any(
+            len(run) >= count and run[i + count - 1].at - run[i].at <= window
+            for run in runs
+            for i in range(len(run) - count + 1)
+        )
+        records.append(
+            NodeRecord(
+                node=node,
+                failures=len(mine),
+                drains=len(drains),
+                app_xids=len(mine) - len(drains),
+                causes=tuple(sorted(kinds, key=lambda k: (-kinds[k], k))),
+                gpus=tuple(sorted({f.gpu for f in mine if f.app_xid and f.gpu})),
+                jobs=len({f.job for f in mine if f.job is not None}),
+                first=mine[0].at,
+                last=mine[-1].at,
+                suspect=suspect,
+            )
+        )
+    return sorted(records, key=lambda r: (-r.failures, -r.last.timestamp(), r.node))
+
+
+def _by_gpu(failures: Iterable[Failure]) -> dict[str, list[Failure]]:
+    """Application XIDs by GPU, one job each (the same job's repeats are one)."""
+    found: dict[str, dict[int | None, Failure]] = {}
+    for f in failures:
+        if f.app_xid and f.gpu:
+            found.setdefault(f.gpu, {}).setdefault(f.job, f)
+    return {gpu: sorted(jobs.values(), key=lambda f: f.at) for gpu, jobs in found.items()}

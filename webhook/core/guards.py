@@ -280,13 +280,21 @@ def _application_again(d: Decision, job: Job, ctx: Context) -> Outcome:
     since = ctx.now - ctx.policy.retry_budget.window
     if job.options().get("retry_application") is True:
         return _keep(d)
-    earlier = ctx.guards.requeue_for(job.id, "application", since)
-    if earlier is None:
+    # The same way: one rank's crash again where the last one was (the same rank, its data or
+    # its node, not chance). Elsewhere it is another chance: requeued, within the budget.
+    crashed = set(ctx.attr.crashed)
+    earlier = [
+        h
+        for h in ctx.guards.of_job(job.id, since)
+        if h.action == "requeue" and h.cause == "application" and crashed & set(h.nodes)
+    ]
+    if not earlier:
         return _keep(d)
+    last = max(earlier, key=lambda h: h.at)
     why = (
-        f"job {job.id} failed the same way again after its requeue at "
-        f"{earlier.at.astimezone(UTC):%H:%M:%SZ} for one rank's crash: the code's, not a "
-        f"chance; stopped. {ctx.attr.reason}"
+        f"job {job.id} failed the same way again ({names(crashed & set(last.nodes))}) after "
+        f"its requeue at {last.at.astimezone(UTC):%H:%M:%SZ} for one rank's crash there: the "
+        f"code's or that node's, not a chance; stopped. {ctx.attr.reason}"
     )
     return Outcome((replace(_bare(d), action="stop", guard="repeated_failure", reason=why),))
 
@@ -438,19 +446,23 @@ def room(d: Decision, ctx: Context) -> Outcome:
     # Slurm adds to a job's exclusion (playbooks/requeue_job.yml): the earlier ones hold too,
     # its owner's as well, but for those the requeue readmits.
     off = set(d.exclude) | ((job.excluded | ctx.guards.excluded(job.id)) - set(d.readmit))
+    # Free now, or its own: a node another job holds is no room for it (a training job holds
+    # its nodes for days; the job would wait off the switch for nothing).
+    mine = set(job.nodes)
     usable = [
         n
         for n in ctx.view.nodes.values()
         if (not job.partition or job.partition in n.partitions)
         and n.name not in off
         and n.in_service
+        and (n.name in mine or not any(j.id != job.id for j in ctx.view.jobs_on(n.name)))
     ]
     if len(usable) >= len(job.nodes):
         return _keep(d)
     theirs = _owners(job, ctx)
     why = (
         f"job {job.id} needs {len(job.nodes)} node(s); partition {job.partition or '-'} has "
-        f"{len(usable)} in service off the failing switch"
+        f"{len(usable)} free or its own in service off the failing switch"
         + (f" and its own excluded nodes ({names(sorted(theirs))})" if theirs else "")
     )
     return _refuse(d, "no_room", why, ctx)
@@ -545,13 +557,15 @@ def retry_budget(d: Decision, ctx: Context) -> Outcome:
         )
         return _give_up(d, "retry_budget_exhausted", why)
     # A requeue nobody could be blamed for remembers where the job failed first (its
-    # PastAction's nodes): requeue_once names that node when the job fails first there again.
+    # PastAction's nodes): requeue_once names that node when the job fails first there again;
+    # one for one rank's crash, where it crashed (requeue_once stops the same again).
     first = first_failing(ctx.evidence) if died_blameless(ctx.attr.cause, job) else None
+    where = (first.node,) if first is not None and first.node else ctx.attr.crashed
     spent = PastAction(
         at=ctx.now,
         action="requeue",
         job=job.id,
-        nodes=(first.node,) if first is not None and first.node else (),
+        nodes=where if ctx.attr.partial or first is not None else (),
         exclude=d.exclude,
         cause=ctx.attr.cause,
         incident=d.incident,

@@ -890,6 +890,28 @@ class Ledger:
                 for r in s.scalars(query.order_by(FailureRow.at, FailureRow.id))
             ]
 
+    def node_failures(self, since: datetime) -> list[Failure]:
+        """Every node's failures since `since`: its drains for its own faults (decided, not
+        superseded, and not rejected or expired: monitor's records count, as they show what
+        enforce does) and the application XIDs on its GPUs (`slurmedic nodes`)."""
+        found = []
+        with self.session() as s:
+            for r in s.scalars(
+                select(DecisionRow)
+                .where(
+                    DecisionRow.at >= since,
+                    DecisionRow.action == "drain",
+                    DecisionRow.guard.is_(None),
+                    DecisionRow.state.not_in([SUPERSEDED, *REFUSED]),
+                )
+                .options(defer(DecisionRow.evidence))
+            ):
+                found += [
+                    Failure(at=_utc(r.at), node=n, kind=r.cause, incident=r.incident, job=r.job)
+                    for n in r.nodes
+                ]
+        return found + self.failures(since)
+
     def exclusion_history(
         self, before: datetime, jobs: Collection[int] | None = None
     ) -> Iterator[PastAction]:
@@ -955,9 +977,9 @@ class Ledger:
                 )
             elif r.guard in (None, GLOBAL_SWITCH):  # as the guards counted them
                 nodes = tuple(r.nodes)
-                if r.action == "requeue" and r.cause in BLAMELESS and where_failed:
-                    # Where the failure nobody could be blamed for began: its next time there
-                    # implicates that node.
+                if r.action == "requeue" and r.cause in REQUEUED_ONCE and where_failed:
+                    # Where the failure nobody could be blamed for, or one rank's crash, began:
+                    # its next time there implicates that node (requeue_once).
                     nodes = first_node(r.evidence)
                 yield PastAction(
                     at=_utc(r.at),
@@ -971,6 +993,10 @@ class Ledger:
                     undone=r.state in REFUSED,
                     held=held(r.state),
                 )
+
+
+# The requeues whose failure's first node requeue_once reads back.
+REQUEUED_ONCE = frozenset({*BLAMELESS, "application"})
 
 
 def _move(
