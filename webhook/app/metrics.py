@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from flask import Blueprint, Response, current_app, g
@@ -36,7 +36,17 @@ from prometheus_client.registry import Collector
 from webhook.core.lifecycle import EXECUTED, FAILED
 from webhook.core.verdicts import JUDGEMENTS
 from webhook.ledger.figures import DecisionCount, Figures, Outcomes, Recovery
-from webhook.ledger.settings import Breaker, CorruptSetting, Heartbeat, Jobs, Nodes, S, Switch
+from webhook.ledger.review import node_records
+from webhook.ledger.settings import (
+    Breaker,
+    CorruptSetting,
+    Heartbeat,
+    Jobs,
+    Modes,
+    Nodes,
+    S,
+    Switch,
+)
 from webhook.ledger.store import Ledger
 
 metrics = Blueprint("metrics", __name__)
@@ -149,6 +159,7 @@ class LedgerCollector(Collector):
         )
         yield from self._recoveries(fig.recoveries)
         yield from self._review(fig)
+        yield from self._nodes()
         yield from self._settings()
         yield from self._leadership()
 
@@ -268,6 +279,29 @@ class LedgerCollector(Collector):
             (((), r.work_lost_seconds) for r in rows if r.work_lost_seconds is not None),
             [],
         )
+
+    def _nodes(self) -> Iterator[Any]:
+        """Each node's failures within the policy's repeats window, and the suspects: a series
+        only for a node that failed (a fleet of thousands of nodes has a few lemons)."""
+        modes = self._setting(Modes)
+        since = datetime.now(UTC) - timedelta(seconds=modes.repeats_window_seconds)
+        failures = GaugeMetricFamily(
+            "slurmedic_node_failures",
+            "A node's failures within the policy's repeats window: its drains for its own "
+            "faults and the application XIDs on its GPUs.",
+            labels=["node"],
+        )
+        suspect = GaugeMetricFamily(
+            "slurmedic_node_suspect",
+            "1 for a node whose failures repeat within the repeats window (a hardware "
+            "suspect: replace or return it rather than resume it).",
+            labels=["node"],
+        )
+        for r in node_records(self.ledger, since):
+            failures.add_metric([r.node], r.failures)
+            suspect.add_metric([r.node], 1.0 if r.suspect else 0.0)
+        yield failures
+        yield suspect
 
     def _setting(self, kind: type[S]) -> S:
         """A setting, or its defaults when it is corrupt (said in the log): one bad row must

@@ -10,12 +10,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from webhook.cli.common import config_of, config_option, ledger_of, policy_of
+from webhook.cli.common import config_option, ledger_of
 from webhook.core import durations
-from webhook.core.failures import NodeRecord, lemons
+from webhook.core.failures import NodeRecord
+from webhook.ledger.review import node_records
 
 
-def _since(value: str) -> timedelta:
+def _since(_ctx: click.Context, _param: click.Parameter, value: str) -> timedelta:
     try:
         return durations.parse(value)
     except ValueError as e:
@@ -44,24 +45,21 @@ def _json(r: NodeRecord) -> dict[str, object]:
     "period",
     default="30d",
     show_default=True,
+    callback=_since,
     help="How far back to look (a duration: 7d, 12h).",
 )
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1))
-def nodes(config_path: Path | None, period: str, as_json: bool, limit: int) -> None:
+def nodes(config_path: Path | None, period: timedelta, as_json: bool, limit: int) -> None:
     """Each node's failures (drains for its own faults, application XIDs on its GPUs), the
     ones that fail most first; `suspect`: repeats within the policy's `repeats` window."""
-    policy = policy_of(config_of(config_path).policy_file)
-    since = datetime.now(UTC) - _since(period)
-    records = lemons(
-        ledger_of(config_path).node_failures(since),
-        policy.repeats.window,
-        policy.repeats.count,
-    )[:limit]
+    ledger = ledger_of(config_path)
+    since = datetime.now(UTC) - period
+    records = node_records(ledger, since)[:limit]
     if as_json:
         click.echo(json.dumps([_json(r) for r in records], indent=1))
         return
-    t = Table(title=f"slurmedic nodes: failures in the last {durations.format(_since(period))}")
+    t = Table(title=f"slurmedic nodes: failures in the last {durations.format(period)}")
     for col in ("node", "failures", "drains", "app XIDs", "causes", "jobs", "last", "suspect"):
         t.add_column(col)
     for r in records:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, String, cast, func, or_, select
 
+from webhook.core.failures import NodeRecord, lemons
 from webhook.core.lifecycle import AWAITING_APPROVAL, SUPERSEDED, IllegalTransition
 from webhook.core.notices import Open
 from webhook.core.trial import Judged
@@ -27,6 +28,7 @@ from webhook.ledger.schema import (
     RecoveryRow,
     VerdictRow,
 )
+from webhook.ledger.settings import Modes
 from webhook.ledger.store import Ledger, _utc
 
 
@@ -272,3 +274,11 @@ def trial_rows(ledger: Ledger, since: datetime, until: datetime) -> list[Judged]
             )
         )
     return out
+
+
+def node_records(ledger: Ledger, since: datetime) -> list[NodeRecord]:
+    """Each node's failures since `since`, the lemons first (`slurmedic nodes`, the console's
+    nodes page), judged by the repeats of the policy the live loop last started with."""
+    modes = ledger.setting(Modes)
+    window = timedelta(seconds=modes.repeats_window_seconds)
+    return lemons(ledger.node_failures(since), window, modes.repeats_count)

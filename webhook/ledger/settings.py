@@ -76,14 +76,17 @@ class Nodes(RootModel[dict[str, NodeSeen]]):
 
 
 class Modes(_Value):
-    """The modes of the policy the live loop decides with (the console shows them): the
-    policy's, per action, and per partition (staged enablement)."""
+    """What the console and `slurmedic nodes` show of the policy the live loop decides with: its
+    modes, per action, and per partition (staged enablement), and what makes a node's failures
+    repeats (`repeats`)."""
 
     key: ClassVar[str] = "modes"
     repair: ClassVar[str] = "the live loop writes it anew when it starts"
     mode: str = "monitor"
     actions: dict[str, str] = {}
     partitions: dict[str, dict[str, str]] = {}  # partition: {"*": its mode, action: mode}
+    repeats_window_seconds: float = 7 * 86400
+    repeats_count: int = 2
 
 
 SETTINGS = (Breaker, Switch, Heartbeat, Jobs, Nodes, Modes)

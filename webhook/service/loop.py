@@ -76,6 +76,8 @@ def modes_of(policy: Policy) -> Modes:
             }
             for name, p in sorted(policy.partitions.items())
         },
+        repeats_window_seconds=policy.repeats.window.total_seconds(),
+        repeats_count=policy.repeats.count,
     )
 
 

@@ -109,6 +109,17 @@ class HumanDelay(_Model):
         return median * math.exp(rng.gauss(0.0, sigma))
 
 
+class AppEveryRank(_Model):
+    """The share of the application's crashes that fail every rank alike (each rank's
+    traceback), the rest one rank's (its traceback; the job ends, its other ranks killed by the
+    launcher). An assumption, not a published figure: DESIGN.md's premise that a bug in the
+    code all ranks run fails them alike, and chance (a rank's bad data, an OOM spike, a flaky
+    read) fails one. 1.0 and 1.0: every crash on every rank, the model before issue 36."""
+
+    recurs: float = Field(default=0.9, ge=0, le=1)  # of the bugs that recur until fixed
+    cured: float = Field(default=0.1, ge=0, le=1)  # of the crashes a restart cures
+
+
 class Blips(_Model):
     """Shared blips: `count` times over the span (at random times), `nodes` nodes, one a leaf
     over as many leaves as that takes, stop responding at once and come back `lasts` later.
@@ -141,6 +152,8 @@ class SimConfig(_Model):
     # Of the application's crashes, the share that recur on every restart until their owner
     # fixes the code; the rest a restart cures.
     app_recurs: float = Field(default=0.5, ge=0, le=1)
+    # ... and of each kind, the share that fail every rank alike (the rest: one rank).
+    app_every_rank: AppEveryRank = AppEveryRank()
     # A broken node is back this long after it was taken out of service (a GPU swapped, a
     # host mended, a cable reseated); a leaf switch is mended this long after it failed.
     repair: Duration = timedelta(hours=48)

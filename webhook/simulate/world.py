@@ -285,6 +285,10 @@ class World:
 
         self.later(received, deliver)
 
+    def _crash_node(self, job: SimJob, f: Fault) -> int:
+        """The node of one rank's crash: the fault's, when the job runs there."""
+        return f.where if f.where in job.nodes else job.nodes[0]
+
     def _job_alerts(
         self,
         job: SimJob,
@@ -292,11 +296,13 @@ class World:
         alertname: str,
         signal: str,
         named: str | None = None,
+        only: int | None = None,
         **notes: str,
     ) -> None:
-        """A job-side alert from every node of the attempt, when its condition comes, if the
-        attempt still runs then (one rank a node: its ranks say the same). `named`: the rule
-        labels the alert with its line's time under this name (each line a new alert)."""
+        """A job-side alert from every node of the attempt (`only`: that node's alone), when its
+        condition comes, if the attempt still runs then (one rank a node: its ranks say the
+        same). `named`: the rule labels the alert with its line's time under this name (each
+        line a new alert)."""
         per_node, attempt = self.cfg.gpus_per_node, job.restarts
         event = {named: str(int(when(cond).timestamp()))} if named else {}
 
@@ -304,6 +310,8 @@ class World:
             if job.restarts != attempt or not job.running:
                 return  # requeued or ended meanwhile: its ranks are gone
             for rank, i in enumerate(job.nodes):
+                if only is not None and i != only:
+                    continue
                 labels = {
                     "alertname": alertname,
                     "severity": "warning",
@@ -475,7 +483,16 @@ class World:
         attempt = (job.id, job.restarts)
         if f.kind in ("gpu", "app"):
             if f.kind == "app":
-                self._job_alerts(job, t, "TrainingTaskFailed", "app_error", named="failed_at")
+                # Every rank alike, or one rank's (its node's traceback; the launcher kills the
+                # others), drawn for this crash of this attempt (model.AppEveryRank).
+                alike = (
+                    self.cfg.app_every_rank.recurs if f.recurs else self.cfg.app_every_rank.cured
+                )
+                rng = self.chance("every-rank", *attempt)
+                one = None if rng.random() < alike else self._crash_node(job, f)
+                self._job_alerts(
+                    job, t, "TrainingTaskFailed", "app_error", named="failed_at", only=one
+                )
             self.later(t + d.crash, lambda: self._ended(attempt, "FAILED"))
         elif f.kind == "node":
             self.later(t + d.slurmd_timeout, lambda: self._ended(attempt, "NODE_FAIL"))

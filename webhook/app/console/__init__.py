@@ -225,6 +225,17 @@ def trial_report() -> Any:
     )
 
 
+@console.route("/nodes")
+@require("viewer")
+def nodes() -> Any:
+    """Each node's failures over the last `days` days, the lemons first (`slurmedic nodes`)."""
+    days = request.args.get("days", "30")
+    if not days.isdigit() or not 1 <= int(days) <= 3650:
+        abort(400, f"days: {days!r} is not a whole number of days from 1 to 3650")
+    rows = review.node_records(ledger(), now() - timedelta(days=int(days)))
+    return render_template("console/nodes.html", rows=rows, days=int(days))
+
+
 @console.route("/backtests")
 @require("viewer")
 def backtests() -> Any:
