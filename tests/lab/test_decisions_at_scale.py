@@ -3,7 +3,9 @@
 1. Degraded hardware: NVLink errors rising under a training job drain the node and leave the
    job training (0 restarts, its steps going on); when its rank on that node then slows down,
    the job is requeued without the node.
-2. A burst: the slurmd of three nodes on both leaf switches, under three jobs, killed at once.
+2. One rank's crash (its CUDA error, the others timing out): requeued once, its owner told;
+   nothing drained, nothing stopped.
+3. A burst: the slurmd of three nodes on both leaf switches, under three jobs, killed at once.
    Nothing drained, nothing requeued by slurmedic, one escalation naming the three nodes; Slurm
    requeues its NODE_FAIL jobs itself and slurmedic leaves them alone.
 """
@@ -20,7 +22,13 @@ import pytest
 from lab import manage, monitoring
 from lab.config import LabConfig
 from lab.slurm import slurm
-from tests.lab.conftest import eventually, query, running_nodes, serve_slurmedic
+from tests.lab.conftest import (
+    PLAYBOOK_RUN_S,
+    eventually,
+    query,
+    running_nodes,
+    serve_slurmedic,
+)
 from tests.lab.test_decisions import (
     DONE,
     in_force,
@@ -111,7 +119,37 @@ def test_nvlink_errors_drain_the_node_and_leave_the_job_training_until_it_slows(
         restore(lab_cfg)
 
 
-# ---- 2. a burst ----------------------------------------------------------------------------
+# ---- 2. one rank's crash -------------------------------------------------------------------
+
+
+def test_one_rank_s_crash_is_requeued_once_and_its_owner_told(
+    lab_cfg: LabConfig, submit: Callable[..., int], tmp_path: Path
+) -> None:
+    ledger = serve_slurmedic(lab_cfg, tmp_path, "enforce")
+    try:
+        job, _ = checkpointed_job(lab_cfg, submit)
+        sees_job(lab_cfg, job)
+        manage.inject_job(lab_cfg, "crash_cuda", job, 1)  # rank 1 exits with a traceback
+        incident = f"{job}.0"
+        rows = wait_rows(
+            ledger,
+            incident,
+            lambda rs: {"requeue", "escalate"} <= {r.action for r in rs if r.state in DONE},
+            timeout=PLAYBOOK_RUN_S,
+            what="the requeue and the escalation carried out",
+        )
+        force = in_force(rows)
+        assert set(force) == {"requeue", "escalate"}, summary(rows)
+        assert {r.cause for r in force.values()} == {"application"}, summary(rows)
+        assert force["requeue"].exclude == [], summary(rows)
+        assert "its owner should look" in force["escalate"].reason
+        assert not [r for r in ledger.decisions(50) if r.action in ("drain", "stop")]
+        running_again(lab_cfg, job, 1)
+    finally:
+        restore(lab_cfg)
+
+
+# ---- 3. a burst ----------------------------------------------------------------------------
 
 
 @pytest.fixture

@@ -114,14 +114,10 @@ def burst(
     rate: float,
 ) -> bool:
     units, leaves, expected = _burst_counts(view, failing, rules, rate)
-    holders = {j.id for n in failing for j in view.jobs_on(n, latest[n])} | {
-        n for n in failing if not view.jobs_on(n, latest[n])
-    }
     return (
         len(units) >= rules.burst_min_nodes
         and poisson_tail(len(units), expected) < rules.burst_chance
         and (not view.switches or len(leaves) >= 2)
-        and len(holders) >= 2
     )
 
 

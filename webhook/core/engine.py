@@ -668,7 +668,16 @@ class Engine:
                 incident.evidence,
                 check_growth=self.policy.shared_cause.requeue_away,
             )
-            attr = attribute(incident.evidence, job_nodes, judged, self._suspects(incident, now))
+            suspects = self._suspects(incident, now)
+            attr = attribute(incident.evidence, job_nodes, judged, suspects)
+            if attr.storm_at is not None:
+                # What started well after the storm (a job that survived a blip, then crashed
+                # of its own or lost a GPU) is not explained by it: the storm was told of, and
+                # this failure is decided on its own evidence.
+                after = attr.storm_at + self.policy.shared_cause.requeue_away_within
+                later = [e for e in incident.evidence if e.starts_at > after]
+                if later:
+                    attr = attribute(later, job_nodes, judged, suspects)
             incident.shared = judged.now
             # A job that ended (a fault, scancel, its time limit) has nothing more to say: its
             # ranks are gone. Its nodes' own alerts may still come (blame_wait).
