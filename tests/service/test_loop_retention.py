@@ -21,10 +21,14 @@ def test_a_node_drained_days_ago_is_forgotten_and_drained_again_when_it_fails(
     clock.now = T0 + timedelta(days=3)
     assert live.step() == []
     assert "node:gpu07" not in live.engine.incidents
-    # ...and the node's next failure is a new one, under the next key.
+    # ...and the node's next failure is a new one, under the next key; its drain is still
+    # remembered (repeats.window, 7d): a repeat, a hardware suspect.
     deliver(ledger, clock.now, xid79("gpu07", clock.now))
     clock.now += timedelta(seconds=10)
-    assert [(d.incident, d.action) for d in live.step()] == [("node:gpu07:2", "drain")]
+    assert [(d.incident, d.action, d.note) for d in live.step()] == [
+        ("node:gpu07:2", "drain", "repeat 2 in 7d"),
+        ("node:gpu07:2", "escalate", ""),
+    ]
 
     # A restart three days later still: the ledger's incidents are past the retention, so
     # they are forgotten as well, and the next failure gets the key after the last one.
@@ -34,11 +38,17 @@ def test_a_node_drained_days_ago_is_forgotten_and_drained_again_when_it_fails(
     assert live.engine.incidents == {}
     deliver(ledger, clock.now, xid79("gpu07", clock.now))
     clock.now += timedelta(seconds=10)
-    assert [(d.incident, d.action) for d in live.step()] == [("node:gpu07:3", "drain")]
-    assert [r.incident for r in ledger.decisions()] == [
-        "node:gpu07:3",
-        "node:gpu07:2",
-        "node:gpu07",
+    # The drains of the last 7 days read back from the ledger: the third in a week.
+    assert [(d.incident, d.action, d.note) for d in live.step()] == [
+        ("node:gpu07:3", "drain", "repeat 3 in 7d"),
+        ("node:gpu07:3", "escalate", ""),
+    ]
+    assert [(r.incident, r.action) for r in ledger.decisions()] == [
+        ("node:gpu07:3", "escalate"),
+        ("node:gpu07:3", "drain"),
+        ("node:gpu07:2", "escalate"),
+        ("node:gpu07:2", "drain"),
+        ("node:gpu07", "drain"),
     ]
 
 

@@ -151,6 +151,8 @@ def test_the_series_are_the_documented_ones(server: Server) -> None:
         "slurmedic_job_eligible",
         "slurmedic_job_restarts",
         "slurmedic_node_status",
+        "slurmedic_node_failures",
+        "slurmedic_node_suspect",
         "slurmedic_approvals_waiting",
         "slurmedic_approval_oldest_age_seconds",
         "slurmedic_escalations_open",
