@@ -58,12 +58,11 @@ def afresh(
     elif burst(view, failing, latest, rules, rate):
         units, leaves, expected = _burst_counts(view, failing, rules, rate)
         on = f" on {len(leaves)} leaf switches" if leaves else ""
-        held = f"{len(jobs)} job(s)" if jobs else "idle nodes"
         shared |= failing
         count = f"{len(failing)} nodes"
         if len(units) != len(failing):
             count += f" in {len(units)} failures"
-        why.append(f"{count}{on} across {held}")
+        why.append(f"{count}{on}")
         per = f"{rate:g} per 1,000 node-days"
         note = f", where this cluster's failure rate ({per}) expects {expected:.1g}"
         away = {}
@@ -246,7 +245,7 @@ def test_jobs_slurm_has_ended_still_count_across_jobs() -> None:
     assert verdict.jobs == 0 and not verdict.cluster_wide
     # Four idle nodes at once are a burst, though (no job to count across: each its own).
     assert verdict.burst and verdict.covers("n004")
-    assert verdict.reason.startswith("4 nodes across idle nodes failed within 300s, where this")
+    assert verdict.reason.startswith("4 nodes failed within 300s, where this")
     calm = later.at(
         T0 + timedelta(minutes=3), view, rules.model_copy(update={"burst_min_nodes": 5})
     )

@@ -15,6 +15,7 @@ no node.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -60,10 +61,12 @@ class Attribution:
 
 
 def names(nodes: Iterable[str]) -> str:
-    items = sorted(set(nodes))
-    return (
-        ", ".join(items) if len(items) <= 6 else f"{', '.join(items[:5])} and {len(items) - 5} more"
-    )
+    """A list of nodes for a reason: all of them up to six, else the first five and a count
+    (a storm names thousands: only the five are sorted out)."""
+    unique = set(nodes)
+    if len(unique) <= 6:
+        return ", ".join(sorted(unique))
+    return f"{', '.join(heapq.nsmallest(5, unique))} and {len(unique) - 5} more"
 
 
 @dataclass(frozen=True)
@@ -125,10 +128,24 @@ def facts(
         shared=f"{shared.reason}: a shared cause, not bad nodes" if covered else "",
         avoid=tuple(sorted({n for a in away for n in a})) if away and all(away) else (),
         storm_at=max((e.starts_at for e in hardware if e.node in covered), default=None),
-        storm=tuple(sorted({n for c in covered for n in shared.storm(c)} | covered)),
+        storm=_storm(covered, shared),
         degraded=tuple(sorted(degraded - covered)),
         suspects=tuple(suspected),
     )
+
+
+def _storm(covered: frozenset[str], shared: RuleFive) -> tuple[str, ...]:
+    """Every node of the storms that cover these: each storm asked once (a switch's, or the
+    whole window's), not once a node."""
+    if not covered:
+        return ()
+    # The verdict hands each storm out once, sorted and as a set.
+    sets = {id(s): s for s in map(shared.storm_set, covered)}
+    if len(sets) == 1:
+        (members,) = sets.values()
+        if covered <= members:
+            return shared.storm(next(iter(covered)))
+    return tuple(sorted(covered.union(*sets.values())))
 
 
 Rule = Callable[[Facts], Attribution | None]

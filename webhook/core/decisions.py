@@ -172,6 +172,9 @@ class GuardState:
     _index: HistoryIndex[PastAction] = field(
         default_factory=HistoryIndex, init=False, repr=False, compare=False
     )
+    # A revision's copy (`without`): the escalations its parent remembers, but the incident's
+    # own, so that telling of a storm costs what the escalations do, not an index of the copy.
+    _told: list[PastAction] | None = field(default=None, init=False, repr=False, compare=False)
 
     def requeues(
         self, job: int, since: datetime, deciding: str = "", removing: bool | None = None
@@ -252,7 +255,7 @@ class GuardState:
 
     def without(self, incident: str) -> GuardState:
         """A copy that forgets one incident's own actions: to try a revision of it."""
-        return GuardState(
+        copy = GuardState(
             history=[h for h in self.history if not (incident and h.incident == incident)],
             breaker_open=self.breaker_open,
             breaker_reset_at=self.breaker_reset_at,
@@ -260,6 +263,13 @@ class GuardState:
             monitor_forced=self.monitor_forced,
             gpu_faults=self.gpu_faults,
         )
+        copy._told = [h for h in self._escalations(None) if h.incident != incident]
+        return copy
+
+    def _escalations(self, since: datetime | None) -> list[PastAction]:
+        if self._told is not None:
+            return [h for h in self._told if since is None or h.at >= since]
+        return self._index.escalations(self.history, since)
 
     def settle(self, states: Mapping[tuple[str, str, datetime], str]) -> None:
         """What became of decisions (incident, action, time -> their state now). Rejected and
@@ -388,12 +398,8 @@ class GuardState:
         wanted = set(nodes)
         found = [
             h
-            for h in self.history
-            if h.action == "escalate"
-            and h.cause == SHARED
-            and h.at >= since
-            and not h.undone
-            and not wanted.isdisjoint(h.nodes)
+            for h in self._escalations(since)
+            if h.cause == SHARED and not wanted.isdisjoint(h.nodes)
         ]
         return min(found, key=lambda h: h.at) if found else None
 

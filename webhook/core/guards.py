@@ -489,17 +489,17 @@ def no_progress(d: Decision, ctx: Context) -> Outcome:
     stop of the running attempt (proposed at the limit, the failure it judged counted:
     `stalled_restarts`) is this guard's too."""
     job = ctx.job
-    if job is None:
+    if job is None or not (_planned(d, "requeue") or (_planned(d, "stop") and _recovery(d))):
         return _keep(d)
     stalled = stalled_restarts(job.id, ctx.guards, ctx.policy, ctx.now)
     limit = ctx.policy.verify.max_failures_before_checkpoint
-    if _planned(d, "stop") and _recovery(d):
+    if d.action == "stop":
         why = (
             f"{stalled} restarts in a row failed before their first checkpoint (limit "
             f"{limit}): restarting again only burns GPU-hours; {d.reason}"
         )
         return _keep(replace(d, guard="no_progress", reason=why))
-    if not _planned(d, "requeue") or ctx.attr.cause in FAULT_CAUSES:
+    if ctx.attr.cause in FAULT_CAUSES:
         return _keep(d)
     if stalled < limit:
         return _keep(d)

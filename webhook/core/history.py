@@ -46,6 +46,7 @@ class HistoryIndex(Generic[A]):
         self._by_job: dict[int, list[A]] = {}
         self._drains: list[A] = []  # by time
         self._drains_by_node: dict[str, list[A]] = {}
+        self._escalations: list[A] = []  # by time: the storms people were told of
         # The breaker's window: drains from _since on (from _drains[_lo]), counted per node.
         self._since: datetime | None = None
         self._lo = 0
@@ -54,6 +55,13 @@ class HistoryIndex(Generic[A]):
     def of_job(self, history: Sequence[A], job: int) -> list[A]:
         self._follow(history)
         return self._by_job.get(job, [])
+
+    def escalations(self, history: Sequence[A], since: datetime | None) -> list[A]:
+        """The escalations since `since` (None: all; carried out or counted so), oldest first."""
+        self._follow(history)
+        if since is None:
+            return list(self._escalations)
+        return self._escalations[bisect_left(self._escalations, since, key=_at) :]
 
     def drains_of(self, history: Sequence[A], node: str) -> list[A]:
         """The drains that named the node: the caller must not change the list."""
@@ -87,6 +95,8 @@ class HistoryIndex(Generic[A]):
         # An action never carried out is nobody's history but its drain's, for readmit.
         if a.job is not None and not a.undone:
             self._by_job.setdefault(a.job, []).append(a)
+        if a.action == "escalate" and not a.undone:
+            insort(self._escalations, a, key=_at)
         if a.action != "drain":
             return
         for n in a.nodes:

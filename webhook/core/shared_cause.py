@@ -15,14 +15,16 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from webhook.core.cluster import ClusterView
 from webhook.core.evidence import Evidence
 from webhook.core.policy import FAILURE_RATE, SharedCause
 from webhook.core.signals import HARDWARE
+
+T = TypeVar("T")
 
 
 class FailingNodes:
@@ -43,6 +45,10 @@ class FailingNodes:
         self._count: Counter[str] = Counter()
         self._rules: SharedCause | None = None
         self._qualifying: set[str] = set()  # switches most of whose nodes failed
+        # Counts every change of the window or the topology: what a verdict computed over the
+        # whole window (a burst, its storm's nodes) holds until the next change (`_held`).
+        self.version = 0
+        self._held: dict[object, object] = {}
 
     def add(self, ev: Evidence) -> None:
         if not (ev.node and ev.signal in HARDWARE and ev.actionable):
@@ -72,6 +78,7 @@ class FailingNodes:
         if rules is not self._rules:
             self._rules = rules
             self._qualifying = {s for s in self._count if self._qualifies(s)}
+            self._changed()
         cutoff = now - rules.window
         if self._cutoff is None or cutoff < self._cutoff:
             self._refill(cutoff)  # the first look, or the clock went back: count afresh
@@ -109,7 +116,18 @@ class FailingNodes:
         heapq.heapify(self._heap)
         self._recount()
 
+    def _changed(self) -> None:
+        self.version += 1
+        self._held.clear()
+
+    def held(self, key: object, make: Callable[[], T]) -> T:
+        """What `make` computes over the window, kept until the window changes."""
+        if key not in self._held:
+            self._held[key] = make()
+        return self._held[key]  # type: ignore[return-value]
+
     def _recount(self) -> None:
+        self._changed()
         self._count = Counter(s for n in self._window for s in self._switches_of.get(n, ()))
         self._qualifying = {s for s in self._count if self._qualifies(s)}
 
@@ -124,6 +142,7 @@ class FailingNodes:
     def _enter(self, node: str) -> None:
         if node in self._window:
             return
+        self._changed()
         self._window.add(node)
         for s in self._switches_of.get(node, ()):
             self._count[s] += 1
@@ -131,6 +150,7 @@ class FailingNodes:
                 self._qualifying.add(s)
 
     def _leave(self, node: str) -> None:
+        self._changed()
         self._window.discard(node)
         for s in self._switches_of.get(node, ()):
             self._count[s] -= 1
@@ -156,6 +176,7 @@ class SharedCauses:
         self._jobs: int | None = None
         self._reason: str | None = None
         self._burst: bool | None = None
+        self._storms: dict[tuple[str, ...], tuple[tuple[str, ...], frozenset[str]]] = {}
 
     def _many(self, down: int) -> bool:
         """Enough nodes for a cluster-wide cause (with failures across two jobs or more)."""
@@ -175,12 +196,16 @@ class SharedCauses:
         `1 / burst_chance` windows. A controller's or a fabric's
         blip, a bad rollout: one cause, however small a share of the cluster it is."""
         if self._burst is None:
-            self._burst = self._is_burst()
+            key = ("burst", id(self._rules), self._rate, len(self._view.nodes))
+            self._burst = self._failing.held(key, self._is_burst)
         return self._burst
 
     def _units(self) -> set[str]:
         """The failures in the window as independent faults would be counted: each failing
         switch (rule 5's) as one, each other node as one."""
+        return self._failing.held("units", self._count_units)
+
+    def _count_units(self) -> set[str]:
         failing = self._failing
         units: set[str] = set()
         for n in failing._window:
@@ -188,18 +213,37 @@ class SharedCauses:
             units |= {f"switch {s}" for s in qualifying} if qualifying else {n}
         return units
 
+    def burst_count(self) -> int:
+        """The fewest failures in a window that make a burst (at least `burst_min_nodes`)."""
+        rules, expected = self._rules, self.expected_failures()
+        count = rules.burst_min_nodes
+        while burst_chance(count, expected) >= rules.burst_chance:
+            count += 1
+        return count
+
     def _is_burst(self) -> bool:
-        failing, rules = self._failing, self._rules
-        units = self._units()
-        if len(units) < rules.burst_min_nodes:
+        failing = self._failing
+        needed = self.burst_count()
+        if len(failing._window) < needed:
             return False
-        if burst_chance(len(units), self.expected_failures()) >= rules.burst_chance:
-            return False
-        leaves = {s for n in failing._window for s in failing._switches_of.get(n, ())}
-        # One switch's nodes are the switch rule's to judge. Whatever jobs hold them: a job of
-        # 1,920 nodes on a 2,048-node cluster holds nearly every node a blip touches, and a
-        # job that took its own nodes down would not make them bad either.
-        return not self._view.switches or len(leaves) >= 2
+        # Counted until enough (a storm's window holds thousands of nodes): each failing
+        # switch (rule 5's) as one failure, each other node as one, and their leaf switches.
+        units: set[str] = set()
+        leaves: set[str] = set()
+        for n in failing._window:
+            under = failing._switches_of.get(n, ())
+            leaves.update(under)
+            qualifying = [s for s in under if s in failing._qualifying]
+            if qualifying:
+                units.update(f"switch {s}" for s in qualifying)
+            else:
+                units.add(n)
+            if len(units) >= needed and (not self._view.switches or len(leaves) >= 2):
+                # One switch's nodes are the switch rule's to judge. Whatever jobs hold them:
+                # a job of 1,920 nodes on a 2,048-node cluster holds nearly every node a blip
+                # touches, and a job that took its own nodes down would not make them bad.
+                return True
+        return False
 
     def expected_failures(self) -> float:
         """How many node failures the window holds on average, at the cluster's failure rate."""
@@ -231,16 +275,37 @@ class SharedCauses:
 
     def storm(self, node: str) -> tuple[str, ...]:
         """Every failing node of the storms that cover `node`: its failing switches' nodes, or
-        the whole window's for a cluster-wide cause or a burst."""
+        the whole window's for a cluster-wide cause or a burst (sorted)."""
+        return self._storm(node)[0]
+
+    def storm_set(self, node: str) -> frozenset[str]:
+        """`storm(node)` as a set (made once a storm)."""
+        return self._storm(node)[1]
+
+    def _storm(self, node: str) -> tuple[tuple[str, ...], frozenset[str]]:
         if not self.covers(node):
-            return ()
+            return (), frozenset()
         failing = self._failing
+        # Once a verdict for each storm: an incident of a storm asks for every node it covers.
         if self.cluster_wide or self.burst:
-            return tuple(sorted(failing._window))
-        switches = {s for s in failing._switches_of.get(node, ()) if s in failing._qualifying}
-        return tuple(
-            sorted(n for n in failing._window if switches & set(failing._switches_of.get(n, ())))
-        )
+            key: tuple[str, ...] = ()
+        else:
+            key = tuple(
+                sorted(s for s in failing._switches_of.get(node, ()) if s in failing._qualifying)
+            )
+        if key not in self._storms:
+            switches = set(key)
+
+            def members() -> tuple[tuple[str, ...], frozenset[str]]:
+                nodes = frozenset(
+                    n
+                    for n in failing._window
+                    if not key or switches & set(failing._switches_of.get(n, ()))
+                )
+                return tuple(sorted(nodes)), nodes
+
+            self._storms[key] = failing.held(("storm", key), members)
+        return self._storms[key]
 
     def away(self, node: str) -> tuple[str, ...]:
         """Where a job that failed of the shared cause on `node` is to keep off: every node of
@@ -291,10 +356,9 @@ class SharedCauses:
             if burst:
                 leaves = {s for n in failing._window for s in failing._switches_of.get(n, ())}
                 on = f" on {len(leaves)} leaf switches" if leaves else ""
-                jobs = f"{self.jobs} job(s)" if self.jobs else "idle nodes"
                 down, units = len(failing._window), len(self._units())
                 many = f"{down} nodes" if down == units else f"{down} nodes in {units} failures"
-                why.append(f"{many}{on} across {jobs}")
+                why.append(f"{many}{on}")
             window = int(self._rules.window.total_seconds())
             self._reason = f"{' and '.join(why)} failed within {window}s" if why else ""
             if burst:
@@ -313,6 +377,8 @@ class RuleFive(Protocol):
     def away(self, node: str) -> tuple[str, ...]: ...
 
     def storm(self, node: str) -> tuple[str, ...]: ...
+
+    def storm_set(self, node: str) -> frozenset[str]: ...
 
     @property
     def reason(self) -> str: ...
@@ -381,6 +447,9 @@ class Judged:
     def storm(self, node: str) -> tuple[str, ...]:
         """The live verdict's storm (a kept verdict's nodes are this incident's own)."""
         return self._live.storm(node)
+
+    def storm_set(self, node: str) -> frozenset[str]:
+        return self._live.storm_set(node)
 
     @property
     def reason(self) -> str:
