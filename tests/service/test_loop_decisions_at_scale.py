@@ -11,8 +11,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from webhook.core.alerts import Payload
 from webhook.core.cluster import ClusterView, Job, Node
+from webhook.core.decisions import Decision
 from webhook.core.policy import Policy, load_policy
 from webhook.ledger.store import Ledger
 from webhook.service.loop import LiveLoop
@@ -253,3 +256,45 @@ def test_one_rank_s_crash_is_requeued_once_and_stopped_after_a_restart(tmp_path:
     assert [(d.incident, d.action, d.guard) for d in made if d.action in ("stop", "requeue")] == [
         ("42.1", "stop", "repeated_failure")
     ], made
+
+
+def test_the_loop_learns_the_cluster_s_failure_rate_from_its_ledger(tmp_path: Path) -> None:
+    """A ledger of 60 days with 40 of the eight nodes' own faults drained (and a stop, an
+    escalation, a rejected drain that do not count): 40 / (8 x 60) x 1,000 = 83 per 1,000
+    node-days. Bursts are judged against it (the escalation says so)."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    start = T0 - timedelta(days=60)
+    deliver(ledger, start, alert("GpuXidNodeFault", "gpu_hw", "gpu01", start))  # the record begins
+    drains = [
+        replace_drain(start + timedelta(days=1, hours=i), f"gpu0{1 + i % 8}", f"node:x{i}")
+        for i in range(40)
+    ]
+    ledger.record(drains)
+    world = World()
+    live = loop(ledger, load_policy({"mode": "enforce", "settle_seconds": 5}), world)
+    assert live.engine.policy.failure_rate == pytest.approx(40 / (8 * 60) * 1000)
+    deliver(
+        ledger,
+        world.now,
+        *(alert("SlurmNodeDown", "node_down", n, T0) for n in ("gpu02", "gpu05", "gpu07")),
+    )
+    world.now = T0 + timedelta(minutes=2)
+    (told,) = [d for d in live.step() if d.action == "escalate"]
+    assert "failure rate (83.3 per 1,000 node-days)" in told.reason, told.reason
+    # A policy that sets its own rate keeps it.
+    fixed = loop(ledger, load_policy({"failure_rate": 3.8}), world)
+    assert fixed.engine.policy.failure_rate == 3.8
+
+
+def replace_drain(at: datetime, node: str, incident: str) -> Decision:
+    return Decision(
+        at=at,
+        incident=incident,
+        job=None,
+        action="drain",
+        cause="gpu_hardware",
+        reason=f"XID 79 on {node}",
+        nodes=(node,),
+        mode="enforce",
+        state="executed",
+    )

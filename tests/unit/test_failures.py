@@ -82,3 +82,30 @@ def test_lemons_first_and_a_repeat_within_the_window_is_a_suspect() -> None:
     assert (gpu05.first, gpu05.last) == (T0, T0 + timedelta(days=3))
     # A count of 3 makes none of them a suspect.
     assert not any(r.suspect for r in lemons(failures, WEEK, 3))
+
+
+def test_the_cluster_s_rate_is_learned_from_a_long_enough_record() -> None:
+    from webhook.core.failures import LEARN_AFTER, LEARN_FROM, learned_rate
+
+    # 2,048 nodes, 90 days, 700 failures: 3.8 per 1,000 node-days (Llama 3's fleet).
+    assert learned_rate(700, 2048, timedelta(days=90)) == pytest.approx(3.8, abs=0.01)
+    assert learned_rate(LEARN_FROM - 1, 2048, timedelta(days=90)) is None  # too thin
+    assert learned_rate(700, 2048, LEARN_AFTER - timedelta(hours=1)) is None  # too short
+    assert learned_rate(700, 0, timedelta(days=90)) is None
+
+
+def test_a_learned_rate_replaces_the_default_but_not_a_rate_the_policy_sets() -> None:
+    from webhook.core.cluster import ClusterView
+    from webhook.core.engine import Engine
+    from webhook.core.policy import load_policy
+
+    engine = Engine(view=ClusterView(), policy=load_policy({"settle_seconds": 5}))
+    engine.learn_failure_rate(None)
+    assert engine.policy.failure_rate == 3.8
+    engine.learn_failure_rate(9.0)
+    assert engine.policy.failure_rate == 9.0 and engine.policy.settle_seconds == 5
+    engine.learn_failure_rate(7.0)  # learned again: from the operator's policy, not the last
+    assert engine.policy.failure_rate == 7.0
+    set_by_hand = Engine(view=ClusterView(), policy=load_policy({"failure_rate": 2.0}))
+    set_by_hand.learn_failure_rate(9.0)
+    assert set_by_hand.policy.failure_rate == 2.0

@@ -63,7 +63,7 @@ def afresh(
         if len(units) != len(failing):
             count += f" in {len(units)} failures"
         why.append(f"{count}{on}")
-        per = f"{rate:g} per 1,000 node-days"
+        per = f"{rate:.3g} per 1,000 node-days"
         note = f", where this cluster's failure rate ({per}) expects {expected:.1g}"
         away = {}
     window = int(rules.window.total_seconds())

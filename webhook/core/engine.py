@@ -202,6 +202,7 @@ class Engine:
     _new_failures: list[Failure] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._given = self.policy  # as the operator wrote it (learn_failure_rate)
         for inc in self.incidents.values():
             self._indexed(inc)
 
@@ -272,6 +273,14 @@ class Engine:
         """A person reset the breaker (`slurmedic breaker reset`): drains before `at` stop
         counting."""
         self.guards.reset_breaker(at)
+
+    def learn_failure_rate(self, rate: float | None) -> None:
+        """The cluster's own failure rate, learned from the ledger (failures.learned_rate): it
+        replaces the policy's default, which bursts are judged against and the retry budget
+        scales with, unless the policy file sets `failure_rate` itself. None: not learned yet."""
+        if rate is None or "failure_rate" in self._given.model_fields_set:
+            return
+        self.policy = self._given.model_copy(update={"failure_rate": rate})
 
     def switch(self, monitor: bool) -> None:
         """The global switch to monitor mode, on or off (`slurmedic switch`)."""

@@ -165,3 +165,17 @@ def _by_gpu(failures: Iterable[Failure]) -> dict[str, list[Failure]]:
         if f.app_xid and f.gpu:
             found.setdefault(f.gpu, {}).setdefault(f.job, f)
     return {gpu: sorted(jobs.values(), key=lambda f: f.at) for gpu, jobs in found.items()}
+
+
+# What a record must hold before the cluster's own failure rate replaces the policy's default:
+# a month of it, and enough failures that chance moves the rate by less than a quarter.
+LEARN_AFTER = timedelta(days=30)
+LEARN_FROM = 16
+
+
+def learned_rate(failures: int, nodes: int, span: timedelta) -> float | None:
+    """The cluster's failure rate (per 1,000 node-days) from its own record: `failures` of its
+    nodes' own faults over `span`; None while the record is too short or too thin to say."""
+    if nodes <= 0 or span < LEARN_AFTER or failures < LEARN_FROM:
+        return None
+    return failures / (nodes * span.total_seconds() / 86400) * 1000

@@ -363,7 +363,7 @@ class SharedCauses:
             self._reason = f"{' and '.join(why)} failed within {window}s" if why else ""
             if burst:
                 self._reason += (
-                    f", where this cluster's failure rate ({self._rate:g} per "
+                    f", where this cluster's failure rate ({self._rate:.3g} per "
                     f"1,000 node-days) expects {self.expected_failures():.1g}"
                 )
         return self._reason

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session, defer, sessionmaker
 from webhook.core.alerts import Alert, Payload
 from webhook.core.decisions import (
     BLAMELESS,
+    DRAIN_CAUSES,
     GLOBAL_SWITCH,
     SCHEDULER_ACTIONS,
     Decision,
@@ -889,6 +890,16 @@ class Ledger:
                 )
                 for r in s.scalars(query.order_by(FailureRow.at, FailureRow.id))
             ]
+
+    def own_faults(self, since: datetime) -> int:
+        """The nodes' own faults slurmedic drained since `since`: one a node and incident (a
+        failure seen by two jobs' incidents is two only if both drained it), rejected and
+        expired drains aside: the cluster's record of failures (failures.learned_rate)."""
+        return sum(
+            1
+            for f in self.node_failures(since)
+            if not f.app_xid and f.kind in DRAIN_CAUSES - {"straggler"}
+        )
 
     def node_failures(self, since: datetime) -> list[Failure]:
         """Every node's failures since `since`: its drains for its own faults (decided, not

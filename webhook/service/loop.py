@@ -19,6 +19,7 @@ from webhook.core.alerts import Alert, Payload, wrap
 from webhook.core.cluster import ClusterView, eligible
 from webhook.core.decisions import Decision
 from webhook.core.engine import Engine, Snapshot, evidence_key
+from webhook.core.failures import learned_rate
 from webhook.core.lifecycle import (
     AWAITING_APPROVAL,
     DRY_RUN_FIRST,
@@ -47,6 +48,10 @@ from webhook.service.verify import Verifier
 
 log = logging.getLogger("slurmedic.loop")
 REPLAY_HORIZON = timedelta(hours=1)
+# The cluster's failure rate is learned from the ledger's last quarter, and learned again
+# this often (failures.learned_rate).
+LEARN_OVER = timedelta(days=90)
+LEARN_EVERY_SECONDS = 6 * 3600
 LATE_IDS = 1000  # how far back the loop looks again for alert rows committed late
 # Alerts read from the ledger at a time. What the loop keeps of each is small (the engine's
 # `seen`); a read's rows and their models are not, and the allocator keeps the arenas of the
@@ -141,11 +146,31 @@ class LiveLoop:
             )
         )
         self._watch(waiting)
+        self.learned_at = -float("inf")
+        self._learn()
         ledger.put(modes_of(policy), now)  # what the console shows
         # Alerts are judged against the cluster: without a view yet, wait for one.
         self.caught_up = False
         if view is not None and view.nodes:
             self._catch_up()
+
+    def _learn(self) -> None:
+        """The cluster's own failure rate, from the ledger's record of its nodes' own faults
+        (the last LEARN_OVER of it), once it holds enough: bursts are judged against it, and
+        the retry budget scales with it, unless the policy file sets one."""
+        nodes = len(self.engine.view.nodes)
+        if not nodes:
+            return  # no view yet: the next step tries again
+        self.learned_at = time.monotonic()
+        begins = self.ledger.record_begins()
+        if begins is None:
+            return
+        now = self.clock()
+        since = max(begins, now - LEARN_OVER)
+        rate = learned_rate(self.ledger.own_faults(since), nodes, now - since)
+        if rate is not None and rate != self.engine.policy.failure_rate:
+            log.info("the cluster's failure rate, from the ledger: %.2f per 1,000 node-days", rate)
+        self.engine.learn_failure_rate(rate)
 
     def _catch_up(self) -> None:
         """Feed the ledger's alerts of the last hour (older ones are history, not evidence),
@@ -211,6 +236,8 @@ class LiveLoop:
             if view is not None:
                 self.engine.update_view(view, self.clock())
                 self._publish_nodes()
+        if time.monotonic() - self.learned_at >= LEARN_EVERY_SECONDS:
+            self._learn()
         if not self.caught_up:
             if not self.engine.view.nodes:
                 return []
