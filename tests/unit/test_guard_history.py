@@ -89,10 +89,16 @@ def test_the_index_agrees_with_a_scan_through_appends_replacements_and_a_clock_t
 
 def test_a_revision_adopted_brings_its_own_index() -> None:
     state = GuardState()
-    state.history.append(PastAction(at=T0, action="drain", nodes=("gpu01",), incident="7.0"))
+    # Counted, not run: a revision replaces it.
+    state.history.append(
+        PastAction(at=T0, action="drain", nodes=("gpu01",), incident="7.0", held=True)
+    )
     state.history.append(PastAction(at=T0, action="drain", nodes=("gpu02",), incident="8.0"))
     assert set(state.drained(T0)) == {"gpu01", "gpu02"}
     trial = state.without("7.0")
     assert set(trial.drained(T0)) == {"gpu02"}
     state.adopt(trial)
     assert set(state.drained(T0)) == {"gpu02"}
+    # A drain that ran stays: a revision cannot undo it (degraded hardware's, its job left
+    # running and watched).
+    assert set(state.without("8.0").drained(T0)) == {"gpu02"}

@@ -254,9 +254,15 @@ class GuardState:
         self.breaker_reset_at = at
 
     def without(self, incident: str) -> GuardState:
-        """A copy that forgets one incident's own actions: to try a revision of it."""
+        """A copy that forgets one incident's own actions, to try a revision of it: but for
+        those that ran (a drain of degraded hardware that left the job running: the revision
+        cannot undo it)."""
         copy = GuardState(
-            history=[h for h in self.history if not (incident and h.incident == incident)],
+            history=[
+                h
+                for h in self.history
+                if not (incident and h.incident == incident and (h.held or h.undone))
+            ],
             breaker_open=self.breaker_open,
             breaker_reset_at=self.breaker_reset_at,
             memory_since=self.memory_since,

@@ -705,13 +705,18 @@ def each(stage: Stage) -> Step:
 
 def one_per_action(decisions: Sequence[Decision], ctx: Context) -> Outcome:
     """At most one decision per action, the first: four GPUs failing on one node is one drain,
-    and an escalation the breaker made is not repeated by the job's."""
-    seen: set[str] = set()
-    out = []
+    and an escalation the breaker made is not repeated by the job's. But for a `none` that
+    leaves the job running on purpose (guard job_running): it is what keeps the incident
+    watching its job, and wins over a `none` of nothing to do (a drain of a node drained
+    already)."""
+    kept: dict[str, int] = {}
+    out: list[Decision] = []
     for d in decisions:
-        if d.action not in seen:
-            seen.add(d.action)
+        if d.action not in kept:
+            kept[d.action] = len(out)
             out.append(d)
+        elif d.action == "none" and d.guard == "job_running":
+            out[kept["none"]] = d
     return Outcome(tuple(out))
 
 

@@ -585,10 +585,19 @@ class Ledger:
         were carried out. Incidents decided before `since` come back as keys and times alone
         (no evidence, no decisions: a restart reads what the retention keeps, not the whole
         history): a node's next failure must still get the next key, and the engine forgets
-        them by its own rules."""
+        them by its own rules. But for those watching a job they left running (guard
+        job_running): whole, whatever their age."""
         out = []
         with self.session() as s:
-            recent = IncidentRow.decided_at >= since
+            # Whatever their age, those whose decisions left a job running on purpose (guard
+            # job_running: degraded hardware, an application's symptom): the job's failure,
+            # days later, is still news for them.
+            watching = select(DecisionRow.incident).where(
+                DecisionRow.action == "none",
+                DecisionRow.guard == "job_running",
+                DecisionRow.state != SUPERSEDED,
+            )
+            recent = (IncidentRow.decided_at >= since) | IncidentRow.key.in_(watching)
             rows = {r.key: r for r in s.scalars(select(IncidentRow).where(recent)).all()}
             older = s.execute(
                 select(IncidentRow.key, IncidentRow.opened_at, IncidentRow.decided_at).where(
@@ -660,7 +669,11 @@ class Ledger:
                     standing=tuple(standing_now),
                     revision=int(revisions.get(key) or 0),
                     known=frozenset(known),
-                    current=ours and decided_at >= since,
+                    current=ours
+                    and (
+                        decided_at >= since
+                        or any(d.action == "none" and d.guard == "job_running" for d in ds)
+                    ),
                     carried=carried,
                     shared=_judgement(row.shared) if row else {},
                 )
