@@ -104,10 +104,10 @@ def load_job_control(path: Path) -> JobControl:
         return JobControl()
 
 
-def add_job_fault(path: Path, fault: JobFault) -> None:
+def add_job_fault(path: Path, *faults: JobFault) -> None:
     with _locked(path):
         state = load_job_control(path)
-        state.faults.append(fault)
+        state.faults.extend(faults)
         _atomic_write(path, state.model_dump_json(indent=1))
 
 

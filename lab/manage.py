@@ -319,14 +319,20 @@ def kill_node(cfg: LabConfig, node: str) -> int:
 
 
 def inject_job(
-    cfg: LabConfig, kind: JobFaultKind, job_id: int, rank: int, *, factor: float = 3.0
+    cfg: LabConfig, kind: JobFaultKind, job_id: int, rank: int, *more: int, factor: float = 3.0
 ) -> JobFault:
+    """The fault on `rank` (and on `more` ranks, written at once: ranks that fail alike, none
+    torn down by another's exit before it reads its own fault)."""
     nodes, attempt = running_job(cfg, job_id)
-    if not 0 <= rank < len(nodes):
-        raise LabError(f"rank: job {job_id} has ranks 0..{len(nodes) - 1}, not {rank}")
-    fault = JobFault(rank=rank, attempt=attempt, kind=kind, at=time.time(), factor=factor)
-    add_job_fault(control_path(cfg.jobs, job_id), fault)
-    return fault
+    for r in (rank, *more):
+        if not 0 <= r < len(nodes):
+            raise LabError(f"rank: job {job_id} has ranks 0..{len(nodes) - 1}, not {r}")
+    now = time.time()
+    faults = [
+        JobFault(rank=r, attempt=attempt, kind=kind, at=now, factor=factor) for r in (rank, *more)
+    ]
+    add_job_fault(control_path(cfg.jobs, job_id), *faults)
+    return faults[0]
 
 
 def clear(cfg: LabConfig, node: str | None = None) -> int:

@@ -296,6 +296,8 @@ def run(scenario: Scenario) -> list[Decision]:
                 engine.receive(payload, at)
         elif due is not None and due <= scenario.until:
             decisions = supersede(decisions, engine.tick(due))
+            engine.take_failures()  # what the live loop hands its ledger: no ledger here
+            engine.take_rejudged()
         else:
             break
     return decisions

@@ -265,8 +265,7 @@ def test_enforce_stops_an_application_failure_and_drains_nothing(
     mapped(lab_cfg, job)
     drained_before = slurm(lab_cfg, "sinfo", "-h", "-t", "drain", "-o", "%N")
     # Every rank alike: the code's (one rank's crash is requeued once: test_decisions_at_scale).
-    for rank in (0, 1):
-        manage.inject_job(lab_cfg, "crash_cuda", job, rank)
+    manage.inject_job(lab_cfg, "crash_cuda", job, 0, 1)
     rows = decided(lab_cfg, enforce, f"{job}.0", 1, {"executed", "failed"})
     assert list(rows) == ["stop"] and rows["stop"].state == "executed", failures(enforce, rows)
     assert slurm(lab_cfg, "sinfo", "-h", "-t", "drain", "-o", "%N") == drained_before

@@ -117,8 +117,7 @@ def test_an_application_crash_stops_the_job_and_drains_nothing(
     eventually(
         lambda: query(lab_cfg, f'slurmedic:job:running{{slurm_job_id="{job}"}}'), what="job mapped"
     )
-    for rank in (0, 1):  # every rank alike: the code's
-        manage.inject_job(lab_cfg, "crash_cuda", job, rank)
+    manage.inject_job(lab_cfg, "crash_cuda", job, 0, 1)  # every rank alike: the code's
     rows = decided(ledger, f"{job}.0")
     assert [(r.action, r.cause) for r in rows] == [("stop", "application")], [
         (r.action, r.cause, r.evidence) for r in rows

@@ -408,6 +408,8 @@ def test_the_trial_report_from_the_cli_and_the_console(
     assert "drain on partition train: 1 agreed of 1 judged" in page
     assert "anna would stop" in page and "no ckpt" in page
     assert client.get("/console/report?days=0").status_code == 400
+    # A digit that is not ASCII is a bad number, not a crash.
+    assert client.get("/console/report?days=%C2%B2").status_code == 400
 
 
 def test_a_kept_backtest_is_listed_and_shown_in_full(

@@ -96,9 +96,12 @@ def standing(ledger: Ledger, incident: str) -> list[tuple[object, ...]]:
     )
 
 
+@pytest.mark.parametrize("later", [timedelta(minutes=20), timedelta(hours=30)])
 def test_degraded_job_left_running_then_requeued_without_the_node_after_a_restart(
-    tmp_path: Path,
+    tmp_path: Path, later: timedelta
 ) -> None:
+    """Also when the job fails past the retention (24h): the incident watching it comes back
+    whole."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     policy = load_policy({"mode": "enforce", "settle_seconds": 5})
     world = World()
@@ -119,8 +122,8 @@ def test_degraded_job_left_running_then_requeued_without_the_node_after_a_restar
     world.now += timedelta(minutes=10)
     assert live.step() == []
     # A restart, then the job fails: decided again from what the ledger holds.
+    world.now += later
     live = loop(ledger, policy, world)
-    world.now += timedelta(minutes=20)
     world.job(replace(world.view.jobs[42], state="FAILED", ended=world.now - timedelta(seconds=5)))
     live.step()
     world.now += timedelta(seconds=10)
@@ -218,7 +221,12 @@ def test_a_hang_after_a_hang_is_escalated_after_a_restart(tmp_path: Path) -> Non
     ], made
 
 
-def test_one_rank_s_crash_is_requeued_once_and_stopped_after_a_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("timeouts_first", [False, True])
+def test_one_rank_s_crash_is_requeued_once_and_stopped_after_a_restart(
+    tmp_path: Path, timeouts_first: bool
+) -> None:
+    """Where the rank crashed is read back after the restart, also when its peers' timeouts
+    began before its own error (a node the evidence begins on is not where it crashed)."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     policy = load_policy({"mode": "enforce", "settle_seconds": 5})
     world = World()
@@ -231,7 +239,7 @@ def test_one_rank_s_crash_is_requeued_once_and_stopped_after_a_restart(tmp_path:
                     "TrainingNcclTimeout",
                     "nccl_timeout",
                     n,
-                    starts + timedelta(seconds=5),
+                    starts + timedelta(seconds=-5 if timeouts_first else 5),
                     slurm_job_id="42",
                 )
                 for n in ("gpu01", "gpu03", "gpu04")

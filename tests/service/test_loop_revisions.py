@@ -64,7 +64,9 @@ def test_an_idle_node_is_drained_at_each_failure_across_restarts(tmp_path: Path)
     clock = Clock()
     keys = []
     for n in range(3):
-        starts = T0 + timedelta(hours=n)
+        # Two hours apart: a failure within repeats.apart (1h) of a drain monitor mode only
+        # recorded is the same fault alerting again.
+        starts = T0 + timedelta(hours=2 * n)
         clock.now = starts + timedelta(seconds=2)
         deliver(ledger, clock.now, xid79("gpu07", starts))
         # The first failure's alert again (repeat_interval), also after the restart.

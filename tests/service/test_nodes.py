@@ -117,6 +117,7 @@ def test_the_console_and_metrics_show_them(
     assert page.index("gpu07") < page.index("gpu05") < page.index("gpu06")
     assert page.count('class="suspect"') == 2
     assert client.get("/console/nodes?days=zero").status_code == 400
+    assert client.get("/console/nodes?days=%C2%B2").status_code == 400
     text = client.get("/metrics").get_data(as_text=True)
     assert 'slurmedic_node_failures{node="gpu05"} 2.0' in text
     assert 'slurmedic_node_suspect{node="gpu07"} 1.0' in text

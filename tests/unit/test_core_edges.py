@@ -75,6 +75,16 @@ def test_an_unknown_job_label_does_not_drain_for_a_straggler() -> None:
     assert e.tick(T0 + timedelta(seconds=10)) == []
 
 
+def test_digits_that_are_not_ascii_name_no_xid_and_no_gpu() -> None:
+    # int() refuses a superscript that str.isdigit takes: the alert is still decided.
+    e = engine(view(j1=("gpu01", "gpu02")))
+    e.receive(alert(T0, signal="gpu_hw", node="gpu02", xid="\u2077\u2079", gpu="\u00b2"), T0)
+    decisions = e.tick(T0 + timedelta(seconds=10))
+    assert {(d.action, d.job) for d in decisions} == {("drain", 1), ("requeue", 1)}
+    (ev,) = e.incidents["1.0"].evidence
+    assert (ev.xid, ev.gpu) == (None, None)
+
+
 def test_a_comment_cannot_raise_the_retry_budget() -> None:
     v = view()
     v.set_job(

@@ -3,6 +3,7 @@ it, the memory of application XIDs per GPU, and each node's record with the lemo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from webhook.core.failures import Failure, FailureMemory, gpu_of, lemons
 
 T0 = datetime(2026, 12, 6, 10, 0, tzinfo=UTC)
 WEEK = timedelta(days=7)
+HOUR = timedelta(hours=1)
 
 
 @pytest.mark.parametrize(
@@ -24,6 +26,9 @@ WEEK = timedelta(days=7)
         ({"pci_bus_id": "0000:3b:00"}, "gpu02", "gpu02/pci:3b:00"),
         ({"pci_bus_id": "00000000:3B:00.0"}, "gpu02", "gpu02/pci:3b:00"),
         ({"gpu": "x", "pci_bus_id": "nonsense"}, "gpu02", None),
+        # Digits that are not ASCII: no index (int() refuses the superscript).
+        ({"gpu": "\u00b2"}, "gpu02", None),
+        ({"gpu": "\u0663"}, "gpu02", None),
         ({"gpu": "3"}, None, None),
         ({}, "gpu02", None),
     ],
@@ -82,6 +87,26 @@ def test_lemons_first_and_a_repeat_within_the_window_is_a_suspect() -> None:
     assert (gpu05.first, gpu05.last) == (T0, T0 + timedelta(days=3))
     # A count of 3 makes none of them a suspect.
     assert not any(r.suspect for r in lemons(failures, WEEK, 3))
+
+
+def test_a_drain_left_in_service_and_its_fault_alerting_again_are_one_failure() -> None:
+    # One fault alerting twice (XID 79, then the GPU gone under the next job 20 minutes on).
+    # Monitor mode's drain left the node in service.
+    failures = [
+        replace(drain(T0, "gpu05", "9.0"), ran=False),
+        drain(T0 + timedelta(minutes=20), "gpu05", "10.0"),
+    ]
+    assert [r.suspect for r in lemons(failures, WEEK, 2, HOUR)] == [False]
+    assert [r.suspect for r in lemons(failures, WEEK, 2)] == [True]
+    # Counted all the same: two drains.
+    assert lemons(failures, WEEK, 2, HOUR)[0].drains == 2
+    # Back a day later: a repeat.
+    again = [*failures, drain(T0 + timedelta(days=1), "gpu05", "11.0")]
+    assert [r.suspect for r in lemons(again, WEEK, 2, HOUR)] == [True]
+    # A drain that ran took it out of service: failing 20 minutes after it was resumed is a
+    # repeat.
+    ran = [drain(T0, "gpu05", "9.0"), drain(T0 + timedelta(minutes=20), "gpu05", "10.0")]
+    assert [r.suspect for r in lemons(ran, WEEK, 2, HOUR)] == [True]
 
 
 def test_the_cluster_s_rate_is_learned_from_a_long_enough_record() -> None:

@@ -21,6 +21,7 @@ from webhook.adapters.slurm import SlurmCluster
 from webhook.backtest import history
 from webhook.backtest.compare import Report, compare
 from webhook.core import durations
+from webhook.core.policy import PolicyError, load_policy
 from webhook.core.signals import SIGNALS
 from webhook.core.validation import describe
 
@@ -156,6 +157,13 @@ def run(
         policy=policy,
         delay=delay,
     )
+    try:
+        hold = load_policy(policy, prefix="policy.").shared_cause.burst_wait
+    except PolicyError as e:
+        raise BacktestError(str(e)) from e
+    # A node that stopped answering near the end is decided after its hold: the clock runs on
+    # by it, with nothing more from the record.
+    data["until"] = history.iso(until + hold)
     try:
         scenario = replay.Scenario.model_validate(data)
     except ValidationError as e:

@@ -29,6 +29,7 @@ from webhook.adapters.slurm import SlurmCluster
 from webhook.cli.common import config_of, config_option, policy_of, policy_option
 from webhook.cli.keeper import ForkedLoop, Keeper, KeeperGone, RunLoop, carry_on_after_hangup
 from webhook.core.policy import Policy
+from webhook.core.validation import is_number
 from webhook.executor import cgroup
 from webhook.executor.cgroup import RUN_CGROUP_ENV, RunGroup
 from webhook.executor.dispatch import Dispatcher
@@ -57,7 +58,7 @@ def _closing_oversized(limit: int) -> Callable[[Any, Any], None]:
     def pre_request(_worker: Any, req: Any) -> None:
         length = next((v for k, v in req.headers if k == "CONTENT-LENGTH"), None)
         chunked = any(k == "TRANSFER-ENCODING" for k, _ in req.headers)
-        if chunked or (length is not None and length.isdigit() and int(length) > limit):
+        if chunked or (length is not None and is_number(length) and int(length) > limit):
             req.must_close = True
 
     return pre_request
@@ -235,7 +236,7 @@ def _read_all(fd: int) -> bytes:
 def _word_to_serve() -> int | None:
     """The pipe to the serve that started this loop (None: run alone), kept from the runs."""
     fd = os.environ.pop(WORD_FD_ENV, "")
-    if not fd.isdigit():
+    if not is_number(fd):
         return None
     os.set_inheritable(int(fd), False)
     return int(fd)

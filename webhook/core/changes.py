@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from webhook.core.validation import is_number
+
 Change = tuple[str, str, str]  # what, before, after
 _EXCLUDE = re.compile(r"ExcNodeList=(\S+)")
 _NODES = re.compile(r"nodename=(\S+)")
@@ -34,7 +36,7 @@ def changes(action: str, reason: str, run: dict[str, Any]) -> list[Change]:
         rows: list[Change] = []
         if held:
             restarts = str(before.get("Restarts", "?"))
-            nxt = str(int(restarts) + 1) if restarts.isdigit() else "next"
+            nxt = str(int(restarts) + 1) if is_number(restarts) else "next"
             rows.append(("job state", job_state, f"PENDING (requeued: attempt {nxt})"))
         rows.append(("ExcNodeList", str(before.get("ExcNodeList", "(null)")), excl or "unchanged"))
         return rows

@@ -82,6 +82,10 @@ class Decision:
     # A drain's words for Slurm's reason after its key and cause (`repeat 2 in 7d`). Not part
     # of the replay contract's output (its reason says it).
     note: str = ""
+    # A requeue for a failure nobody could be blamed for, or for one rank's crash: where it
+    # failed (requeue_once reads it back, the same there again implicates that node). Not part
+    # of the replay contract's output.
+    failed_on: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -11,6 +11,7 @@ from webhook.core.alerts import Alert
 from webhook.core.cluster import JOB_ID, ClusterView
 from webhook.core.failures import gpu_of
 from webhook.core.signals import SIGNALS
+from webhook.core.validation import is_number
 
 
 def node_label(labels: dict[str, str]) -> str | None:
@@ -124,6 +125,6 @@ def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Eviden
         failed_at=line_time(alert),
         gpu=gpu_of(labels, node),
         xid=int(raw_xid)
-        if (raw_xid := labels.get("xid", "")).isdigit() and len(raw_xid) < 5
+        if is_number(raw_xid := labels.get("xid", "")) and len(raw_xid) < 5
         else None,
     )

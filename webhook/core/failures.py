@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from webhook.core.validation import is_number
+
 # RESTART_APP classes whose repeats on one GPU point at the GPU (the catalog's investigatory
 # workflows for 13 and 31; 43 is their kin, a reset channel verification error).
 WATCHED_XIDS = frozenset({13, 31, 43})
@@ -33,6 +35,9 @@ class Failure:
     incident: str = ""
     job: int | None = None
     gpu: str | None = None
+    # A drain that ran took the node out of service; one recorded (monitor mode) or waiting
+    # left it in service, where its fault may alert again.
+    ran: bool = True
 
     @property
     def app_xid(self) -> bool:
@@ -52,7 +57,7 @@ def gpu_of(labels: Mapping[str, str], node: str | None) -> str | None:
     if node is None:
         return None
     index = labels.get("gpu", "")
-    if index.isdigit():
+    if is_number(index):
         return f"{node}/{int(index)}"
     found = _PCI.match(labels.get("pci_bus_id", ""))
     if found:
@@ -121,9 +126,25 @@ class NodeRecord:
     suspect: bool
 
 
-def lemons(failures: Iterable[Failure], window: timedelta, count: int) -> list[NodeRecord]:
+def distinct(drains: Iterable[tuple[datetime, bool]], apart: timedelta) -> list[datetime]:
+    """The times of a node's drains (time, whether it ran) that are failures of their own: but
+    for one less than `apart` after a drain that did not run (monitor mode's record left the
+    node in service: XID 79, then the same GPU gone a few minutes on, is one fault alerting
+    twice). After a drain that ran, the node failed again once back in service: a repeat."""
+    out: list[tuple[datetime, bool]] = []
+    for at, ran in sorted(drains):
+        if out and not out[-1][1] and at - out[-1][0] < apart:
+            continue
+        out.append((at, ran))
+    return [at for at, _ in out]
+
+
+def lemons(
+    failures: Iterable[Failure], window: timedelta, count: int, apart: timedelta = timedelta(0)
+) -> list[NodeRecord]:
     """Each node's record, the lemons first (most failures, then the latest): in every published
-    fleet a few nodes cause most of the exclusions."""
+    fleet a few nodes cause most of the exclusions. Drains less than `apart` apart are one
+    failure to judge a suspect by."""
     by_node: dict[str, list[Failure]] = {}
     for f in failures:
         by_node.setdefault(f.node, []).append(f)
@@ -135,9 +156,10 @@ def lemons(failures: Iterable[Failure], window: timedelta, count: int) -> list[N
         for f in mine:
             kinds[f.kind] = kinds.get(f.kind, 0) + 1
         # A run of `count` drains (or application XIDs on one GPU) within the window.
-        runs = [drains, *_by_gpu(mine).values()]
+        runs = [distinct(((f.at, f.ran) for f in drains), apart)]
+        runs += [[f.at for f in run] for run in _by_gpu(mine).values()]
         suspect = any(
-            len(run) >= count and run[i + count - 1].at - run[i].at <= window
+            len(run) >= count and run[i + count - 1] - run[i] <= window
             for run in runs
             for i in range(len(run) - count + 1)
         )

@@ -43,6 +43,7 @@ from webhook.core.decisions import (
 )
 from webhook.core.disruption import with_disruption
 from webhook.core.evidence import Evidence
+from webhook.core.failures import distinct
 from webhook.core.incidents import IncidentKey
 from webhook.core.lifecycle import PENDING
 from webhook.core.policy import SHARED, Policy
@@ -561,17 +562,18 @@ def retry_budget(d: Decision, ctx: Context) -> Outcome:
     # one for one rank's crash, where it crashed (requeue_once stops the same again).
     first = first_failing(ctx.evidence) if died_blameless(ctx.attr.cause, job) else None
     where = (first.node,) if first is not None and first.node else ctx.attr.crashed
+    failed_on = where if ctx.attr.partial or first is not None else ()
     spent = PastAction(
         at=ctx.now,
         action="requeue",
         job=job.id,
-        nodes=where if ctx.attr.partial or first is not None else (),
+        nodes=failed_on,
         exclude=d.exclude,
         cause=ctx.attr.cause,
         incident=d.incident,
         readmit=d.readmit,
     )
-    return Outcome((d,), (Counted(spent),))
+    return Outcome((replace(d, failed_on=failed_on),), (Counted(spent),))
 
 
 def already_drained(d: Decision, ctx: Context) -> Outcome:
@@ -598,10 +600,19 @@ def repeat(d: Decision, ctx: Context) -> Outcome:
     began = {
         n: min((e.starts_at for e in ctx.evidence if e.node == n), default=ctx.now) for n in d.nodes
     }
-    times = {
-        n: len([h for h in ctx.guards.earlier_drains(n, since, d.incident) if h.at < began[n]]) + 1
-        for n in d.nodes
-    }
+
+    def failures(n: str) -> int:
+        earlier = [
+            (h.at, not h.held)
+            for h in ctx.guards.earlier_drains(n, since, d.incident)
+            if h.at < began[n]
+        ]
+        counted = distinct([*earlier, (began[n], True)], rules.apart)
+        if counted[-1] != began[n]:
+            return 0  # the fault of a drain that left the node in service, alerting again
+        return len(counted)
+
+    times = {n: failures(n) for n in d.nodes}
     repeated = sorted(n for n, k in times.items() if k >= rules.count)
     if not repeated:
         return _keep(d)
@@ -645,12 +656,20 @@ def breaker(d: Decision, ctx: Context) -> Outcome:
 
 def storm_told(d: Decision, ctx: Context) -> Outcome:
     """One escalation a storm: the first incident a shared cause covers tells a person of the
-    whole storm (its nodes); the others say so and wait with it (`none`). Counted in the
-    guards' memory, so a restart does not tell again."""
+    whole storm (its nodes); the others say so and wait with it (`none`), but for a job the
+    storm killed (Slurm did not requeue it): someone must run it again, each its own
+    escalation. Counted in the guards' memory, so a restart does not tell again."""
     storm = ctx.attr.storm
     if not _planned(d, "escalate") or d.cause != SHARED or not storm:
         return _keep(d)
     told = ctx.guards.storm_told(storm, ctx.now - ctx.policy.shared_cause.window)
+    if told is not None and told.incident != d.incident and ctx.job is not None and ctx.job.failed:
+        why = (
+            f"job {ctx.job.id} failed in the storm a person was told of in incident "
+            f"{told.incident} ({names(told.nodes)}) and waits for someone to run it again. "
+            f"{d.reason}"
+        )
+        return Outcome((replace(d, reason=why),))
     if told is not None and told.incident != d.incident:
         why = (
             f"{d.reason}; a person was told of this storm ({names(told.nodes)}) in incident "

@@ -104,10 +104,10 @@ class SharedCause(_Strict):
     switch_min_nodes: int = Field(default=3, ge=1)
     cluster_fraction: float = Field(default=0.2, gt=0, le=1)
     cluster_min_nodes: int = Field(default=4, ge=1)
-    # Bursts: node failures across leaf switches and jobs within the window that independent
-    # failures would produce less often than once in 1 / burst_chance windows, at the policy's
-    # `failure_rate`. With 2,048 nodes: 4 within 5m; with 16,384: 6; never fewer than
-    # burst_min_nodes.
+    # Bursts: node failures across leaf switches (whatever jobs held them) within the window
+    # that independent failures would produce less often than once in 1 / burst_chance windows,
+    # at the policy's `failure_rate`. With 2,048 nodes: 4 within 5m; with 16,384: 6; never
+    # fewer than burst_min_nodes.
     burst_chance: float = Field(default=1e-6, gt=0, lt=1)
     burst_min_nodes: int = Field(default=3, ge=2)
     # A node that stopped answering or lost its fabric port is drained no sooner than this after
@@ -143,6 +143,9 @@ class Repeats(_Strict):
     # XIDs on one GPU under different jobs points at the GPU, not at the code.
     window: Duration = timedelta(days=7)
     count: int = Field(default=2, ge=2)
+    # Failures of one node less than this apart are one failure (its second alert, XID 79 then
+    # the GPU missing): a node mended and back in service takes longer.
+    apart: Duration = timedelta(hours=1)
 
 
 class Verify(_Strict):
@@ -192,7 +195,7 @@ class Policy(_Strict):
     node_alert_lag: Duration = timedelta(minutes=2)
     retry_budget: RetryBudget = RetryBudget()
     # The cluster's base failure rate: failures that interrupt a job, per 1,000 node-days of
-    # its nodes (shared/reference/reliability-figures.md: Llama 3 405B, 419 in 54 days on
+    # its nodes (published figures: Llama 3 405B's pretraining, 419 in 54 days on
     # 2,048 nodes, 3.8; Meta's research clusters 2.34 and 6.50). What a job of N nodes
     # expects in a window (`expected_failures`): the retry budget for requeues that remove
     # nodes scales with it, and a burst is judged against it (shared_cause).

@@ -15,3 +15,9 @@ def describe(err: ValidationError, prefix: str = "") -> str:
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     return f"{prefix}{loc}: {msg}" if loc else f"{prefix}{msg}"
+
+
+def is_number(text: str) -> bool:
+    """Whether `text` is a whole number in ASCII digits: `str.isdigit` takes `²` and `٣`, and
+    `int()` refuses the first (an alert's label, a query parameter, must not raise)."""
+    return text.isascii() and text.isdigit()

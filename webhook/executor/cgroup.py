@@ -33,6 +33,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from webhook.core.validation import is_number
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 RUN_CGROUP_ENV = "SLURMEDIC_RUN_CGROUP"  # serve's prepared group for its loop: "WEIGHT PROCS"
 V1_SHARES = 1024  # v1's default cpu.shares, v2's default cpu.weight is 100
@@ -56,7 +58,7 @@ class RunGroup:
     @classmethod
     def from_env(cls, value: str) -> RunGroup | None:
         weight, _, procs = value.partition(" ")
-        return cls(Path(procs), int(weight)) if weight.isdigit() and procs else None
+        return cls(Path(procs), int(weight)) if is_number(weight) and procs else None
 
 
 def own_cgroup(text: str, controller: str | None) -> str | None:

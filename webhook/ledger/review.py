@@ -281,4 +281,5 @@ def node_records(ledger: Ledger, since: datetime) -> list[NodeRecord]:
     nodes page), judged by the repeats of the policy the live loop last started with."""
     modes = ledger.setting(Modes)
     window = timedelta(seconds=modes.repeats_window_seconds)
-    return lemons(ledger.node_failures(since), window, modes.repeats_count)
+    apart = timedelta(seconds=modes.repeats_apart_seconds)
+    return lemons(ledger.node_failures(since), window, modes.repeats_count, apart)

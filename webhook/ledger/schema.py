@@ -120,6 +120,9 @@ class DecisionRow(Base):
     revision: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # A drain's words for Slurm's reason after its key and cause (`repeat 2 in 7d`); since 0010.
     note: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # A requeue's nodes where the failure it answered happened (Decision.failed_on); since
+    # 0010. None before: read from its evidence's first node.
+    failed_on: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class FailureRow(Base):

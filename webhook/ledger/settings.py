@@ -87,6 +87,7 @@ class Modes(_Value):
     partitions: dict[str, dict[str, str]] = {}  # partition: {"*": its mode, action: mode}
     repeats_window_seconds: float = 7 * 86400
     repeats_count: int = 2
+    repeats_apart_seconds: float = 3600
 
 
 SETTINGS = (Breaker, Switch, Heartbeat, Jobs, Nodes, Modes)

@@ -931,7 +931,14 @@ class Ledger:
                 .options(defer(DecisionRow.evidence))
             ):
                 found += [
-                    Failure(at=_utc(r.at), node=n, kind=r.cause, incident=r.incident, job=r.job)
+                    Failure(
+                        at=_utc(r.at),
+                        node=n,
+                        kind=r.cause,
+                        incident=r.incident,
+                        job=r.job,
+                        ran=r.state == EXECUTED,
+                    )
                     for n in r.nodes
                 ]
         return found + self.failures(since)
@@ -1002,9 +1009,10 @@ class Ledger:
             elif r.guard in (None, GLOBAL_SWITCH):  # as the guards counted them
                 nodes = tuple(r.nodes)
                 if r.action == "requeue" and r.cause in REQUEUED_ONCE and where_failed:
-                    # Where the failure nobody could be blamed for, or one rank's crash, began:
-                    # its next time there implicates that node (requeue_once).
-                    nodes = first_node(r.evidence)
+                    # Where the failure nobody could be blamed for, or one rank's crash, was:
+                    # its next time there implicates that node (requeue_once). Before 0010:
+                    # the node its evidence began on.
+                    nodes = tuple(r.failed_on) if r.failed_on else first_node(r.evidence)
                 yield PastAction(
                     at=_utc(r.at),
                     action=r.action,
@@ -1081,6 +1089,7 @@ def _decision(r: DecisionRow) -> Decision:
         gpu_hours=r.gpu_hours,
         revision=r.revision or 0,
         note=r.note or "",
+        failed_on=tuple(r.failed_on or ()),
     )
 
 
@@ -1141,6 +1150,7 @@ def _insert_decisions(
             gpu_hours=d.gpu_hours,
             revision=d.revision,
             note=d.note or None,
+            failed_on=sorted(d.failed_on) or None,
         )
         s.add(row)
         s.flush()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from webhook import resources
+from webhook.core.validation import is_number
 
 DASHBOARDS_DIR = resources.DASHBOARDS
 
@@ -69,7 +70,7 @@ def substitute(expr: str, values: dict[str, str], where: str = "query") -> str:
         name = match.group("braced") or match.group("plain") or match.group("old")
         if name in values:
             return values[name]
-        if name.isdigit():
+        if is_number(name):
             return match.group(0)
         raise DashboardError(f"{where}: no value for variable ${name}")
 

@@ -83,6 +83,7 @@ def modes_of(policy: Policy) -> Modes:
         },
         repeats_window_seconds=policy.repeats.window.total_seconds(),
         repeats_count=policy.repeats.count,
+        repeats_apart_seconds=policy.repeats.apart.total_seconds(),
     )
 
 

@@ -1,6 +1,6 @@
 """What `slurmedic simulate` simulates: the cluster, its job mix, the failures it suffers and the
 delays between a failure and the alert that reports it. Plain data; the defaults are a
-16,384-GPU cluster failing as Llama 3's did (shared/reference/reliability-figures.md)."""
+16,384-GPU cluster failing as Llama 3's did (its published figures: docs/simulate.md)."""
 
 from __future__ import annotations
 

@@ -214,6 +214,10 @@ class Slurmedic(_Passive):
             {k: self.carried[k] for k in self.engine.revisable() if k in self.carried}
         )
         self._decided(self.engine.tick(self._now()))
+        # What the live loop hands its ledger: nothing keeps it here (a year's run must not
+        # pile it up).
+        self.engine.take_failures()
+        self.engine.take_rejudged()
         self._verify()
         self.world.flush()
 

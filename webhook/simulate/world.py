@@ -20,6 +20,7 @@ from functools import partial
 
 from webhook.core.alerts import Alert, fingerprint
 from webhook.core.cluster import ClusterView, Job, Node
+from webhook.core.validation import is_number
 from webhook.simulate.model import Delays, JobClass, SimConfig
 from webhook.simulate.trace import Fault, leaves
 
@@ -249,7 +250,7 @@ class World:
         return self.cfg.human.draw(self.chance("person", *key))
 
     def job_of(self, name: str) -> SimJob | None:
-        return self.jobs.get(int(name)) if name.isdigit() else None
+        return self.jobs.get(int(name)) if is_number(name) else None
 
     def node_index(self, name: str) -> int:
         return int(name.removeprefix("gpu")) - 1

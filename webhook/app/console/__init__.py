@@ -34,6 +34,7 @@ from webhook.core.incidents import drain_reason
 from webhook.core.lifecycle import APPROVED, AWAITING_APPROVAL, REJECTED, STATES
 from webhook.core.patterns import NODE_NAME
 from webhook.core.policy import ACTIONS, CAUSES, MODES
+from webhook.core.validation import is_number
 from webhook.core.verdicts import JUDGEMENTS, VerdictError, verdict
 from webhook.ledger import review
 from webhook.ledger.schema import DecisionEvent, DecisionRow
@@ -125,7 +126,7 @@ def _filter() -> review.IncidentFilter:
             abort(400, f"{key}: {value!r} is not one of {', '.join(sorted(allowed))}")
         picked[key] = value or None
     job = a.get("job", "").strip()
-    if job and not job.isdigit():
+    if job and not is_number(job):
         abort(400, f"job: {job!r} is not a job id")
     node = a.get("node", "").strip()
     if node and not NODE_NAME.fullmatch(node):
@@ -134,7 +135,7 @@ def _filter() -> review.IncidentFilter:
     if partition and not PARTITION.fullmatch(partition):
         abort(400, f"partition: {partition!r} is not a partition name")
     hours = a.get("hours", "").strip()
-    if hours and not hours.isdigit():
+    if hours and not is_number(hours):
         abort(400, f"hours: {hours!r} is not a whole number of hours")
     since = now() - timedelta(hours=int(hours)) if hours else None
     return review.IncidentFilter(
@@ -151,7 +152,7 @@ def _filter() -> review.IncidentFilter:
 def incidents() -> Any:
     f = _filter()
     page = request.args.get("page", "1")
-    if not page.isdigit() or int(page) < 1:
+    if not is_number(page) or int(page) < 1:
         abort(400, f"page: {page!r} is not a page number")
     size = settings().page_size
     found = review.incident_page(ledger(), f, (int(page) - 1) * size, size)
@@ -212,7 +213,7 @@ def reset_breaker() -> Any:
 def trial_report() -> Any:
     """The trial report (as `slurmedic trial report`), over the last `days` days."""
     days = request.args.get("days", "7")
-    if not days.isdigit() or not 1 <= int(days) <= 3650:
+    if not is_number(days) or not 1 <= int(days) <= 3650:
         abort(400, f"days: {days!r} is not a whole number of days from 1 to 3650")
     until = now()
     since = until - timedelta(days=int(days))
@@ -230,7 +231,7 @@ def trial_report() -> Any:
 def nodes() -> Any:
     """Each node's failures over the last `days` days, the lemons first (`slurmedic nodes`)."""
     days = request.args.get("days", "30")
-    if not days.isdigit() or not 1 <= int(days) <= 3650:
+    if not is_number(days) or not 1 <= int(days) <= 3650:
         abort(400, f"days: {days!r} is not a whole number of days from 1 to 3650")
     rows = review.node_records(ledger(), now() - timedelta(days=int(days)))
     return render_template("console/nodes.html", rows=rows, days=int(days))
@@ -330,7 +331,7 @@ def _changes(d: DecisionRow, events: Iterable[DecisionEvent]) -> list[Change]:
     runs = _runs(events)
     if not runs:
         return []
-    return changes(d.action, drain_reason(d.incident, d.cause), runs[-1])
+    return changes(d.action, drain_reason(d.incident, d.cause, d.note or ""), runs[-1])
 
 
 def _diagnostics(events: Iterable[DecisionEvent]) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """What failed before (issue 36): the application-class XIDs seen on each GPU, under which job
-(`failures`), and a drain's words for Slurm's reason after its key and cause
-(`decisions.note`: `repeat 2 in 7d`).
+(`failures`), a drain's words for Slurm's reason after its key and cause (`decisions.note`:
+`repeat 2 in 7d`), and where a requeued failure happened (`decisions.failed_on`: one rank's
+crash, its nodes).
 
 Revision ID: 0010
 Revises: 0009
@@ -19,6 +20,7 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("decisions", sa.Column("note", sa.String(64), nullable=True))
+    op.add_column("decisions", sa.Column("failed_on", sa.JSON, nullable=True))
     op.create_table(
         "failures",
         sa.Column("id", sa.Integer, primary_key=True),
@@ -35,3 +37,4 @@ def downgrade() -> None:
     op.drop_table("failures")
     with op.batch_alter_table("decisions") as batch:
         batch.drop_column("note")
+        batch.drop_column("failed_on")
