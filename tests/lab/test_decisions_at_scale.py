@@ -108,6 +108,10 @@ def test_nvlink_errors_drain_the_node_and_leave_the_job_training_until_it_slows(
         )
         requeue = in_force(rows)["requeue"]
         assert (requeue.exclude, requeue.state) == ([bad], "executed"), summary(rows)
+        # Weighed against the job's checkpoint, from its progress reports through the rule's
+        # annotations: a checkpoint every few seconds here, so nothing is worth waiting for.
+        assert "requeued now: it redoes" in requeue.reason, requeue.reason
+        assert "times slower until the next" in requeue.reason, requeue.reason
         # The drain that ran is not repeated; the decision that left the job alone is replaced.
         drains = [r for r in rows if r.action == "drain"]
         assert [(r.nodes, r.state) for r in drains] == [([bad], "executed")], summary(rows)

@@ -306,3 +306,53 @@ def replace_drain(at: datetime, node: str, incident: str) -> Decision:
         mode="enforce",
         state="executed",
     )
+
+
+def test_a_slow_job_is_requeued_once_its_checkpoint_is_written_also_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """gpu03 makes job 42 step 1.6 times slower, 35 minutes into its hourly checkpoint (alerted
+    10 minutes later): drained, the job left to reach its checkpoint; a restart in between, and
+    the requeue still comes once that checkpoint is written (the look's time is not in the
+    ledger: it comes back with the evidence fed again)."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    policy = load_policy({"mode": "enforce", "settle_seconds": 5})
+    world = World()
+    live = loop(ledger, policy, world)
+    annotations = {
+        "checkpoint_at": str((T0 - timedelta(minutes=45)).timestamp()),
+        "checkpoint_every": "3600",
+        "slowdown": "1.6",
+        "slow_for": "600",
+    }
+    deliver(
+        ledger,
+        world.now,
+        alert(
+            "TrainingStraggler",
+            "straggler",
+            "gpu03",
+            T0,
+            slurm_job_id="42",
+            rank="2",
+            annotations=annotations,  # type: ignore[arg-type]
+        ),
+    )
+    world.now = T0 + timedelta(seconds=10)
+    made = live.step()
+    assert sorted((d.action, d.guard) for d in made) == [("drain", None), ("none", "job_running")]
+    executed(ledger, "42.0", "drain", world.now)
+    world.now += timedelta(minutes=10)
+    assert live.step() == []
+    live = loop(ledger, policy, world)  # a restart while it waits
+    world.now = T0 + timedelta(minutes=31)
+    assert live.step() == []  # not yet
+    # Slow since T0 - 10m with 25 minutes of work left: written by T0 + 30m, and
+    # checkpoint_margin's 2m.
+    world.now = T0 + timedelta(minutes=32, seconds=1)
+    made = live.step()
+    assert [(d.action, d.exclude) for d in made if d.action == "requeue"] == [
+        ("requeue", ("gpu03",))
+    ], made
+    drains = [r for r in ledger.incident_decisions("42.0") if r.action == "drain"]
+    assert [(r.nodes, r.state) for r in drains] == [(["gpu03"], "executed")]

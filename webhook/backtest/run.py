@@ -128,8 +128,8 @@ def _retention(prometheus: Prometheus, start: datetime, now: datetime) -> list[s
 
 # What no backtest can reconstruct from these sources, whatever the site keeps.
 ALWAYS = (
-    "alert annotations are not kept by Prometheus: decisions carry no summary, and a hang's "
-    "onset is its alert's start",
+    "alert annotations are not kept by Prometheus: decisions carry no summary, a hang's "
+    "onset is its alert's start, and a slow job's requeue is not weighed against its checkpoint",
     "the guards' memory (retry budgets, the breaker) starts empty at the span's start",
     "attempt numbers count from the first run accounting holds for each job in the span",
     "whether a job allowed requeue is not in accounting: every job is taken to allow it",

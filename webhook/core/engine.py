@@ -69,6 +69,7 @@ from webhook.core.policy import SHARED, Policy
 from webhook.core.recovery import Verdict, Watch, remembered
 from webhook.core.shared_cause import FailingNodes, Judged, Judgement, SharedCauses
 from webhook.core.signals import AGAINST_NODE, APPLICATION, UNREACHABLE
+from webhook.core.slowdown import requeue_at
 
 EvidenceKey = tuple[str, datetime]  # fingerprint, startsAt to the second (as the ledger keeps it)
 
@@ -437,8 +438,16 @@ class Engine:
 
     def _news(self, incident: Incident, key: EvidenceKey, at: datetime) -> None:
         """Evidence arrived: look again a settle window from now (a stall's wait, or a
-        revision), unless the incident is undecided and not waiting (its own window runs)."""
-        if key in incident.known or incident.closed:
+        revision), unless the incident is undecided and not waiting (its own window runs).
+        Evidence it was decided on, fed again after a restart, only brings back the look a slow
+        job's next checkpoint was due (the ledger keeps no clock)."""
+        if incident.closed:
+            return
+        if key in incident.known:
+            if incident.check_at is None and (
+                due := self._checkpoint_written(incident, incident.standing)
+            ):
+                self._look_by(incident, due)
             return
         if incident.decided or incident.check_at is not None:
             self._look_by(incident, at + timedelta(seconds=self.policy.settle_seconds))
@@ -733,7 +742,8 @@ class Engine:
                     guard="engine_error",
                 )
             ]
-        incident.check_at = None
+        # A slow job left to reach its next checkpoint is looked at again once it is written.
+        incident.check_at = self._checkpoint_written(incident, made)
         incident.known |= {evidence_key(e.fingerprint, e.starts_at) for e in incident.evidence}
         incident.until_job_ends = until_job_ends(
             made, job, shared=self.policy.shared_cause.requeue_away
@@ -755,6 +765,18 @@ class Engine:
         incident.decided, incident.decided_at = True, now
         incident.standing = made
         return made
+
+    def _checkpoint_written(
+        self, incident: Incident, standing: Iterable[Decision]
+    ) -> datetime | None:
+        """When the next checkpoint of a slow job left running (guard job_running) is written:
+        when its requeue loses nothing (webhook.core.slowdown). None: nothing waits for one."""
+        rules = self.policy.slowdown
+        if not rules.weigh_checkpoint or not any(
+            d.action == "none" and d.guard == "job_running" for d in standing
+        ):
+            return None
+        return requeue_at(incident.evidence, rules.checkpoint_margin)
 
     def _burst_hold(self, attr: Attribution, evidence: list[Evidence]) -> datetime | None:
         """Until when a drain of nodes that stopped answering or lost their port waits for the

@@ -49,6 +49,14 @@ class Evidence:
     # The GPU it names (webhook.core.failures.gpu_of) and its XID, when it names them.
     gpu: str | None = None
     xid: int | None = None
+    # A slow job's progress, as its slowdown alert reports it (webhook.core.slowdown): when its
+    # last complete checkpoint was written, how far apart its checkpoints come, and how much
+    # slower than usual it steps.
+    checkpoint_at: datetime | None = None
+    checkpoint_every: timedelta | None = None
+    slowdown: float | None = None
+    # How long the slowdown had lasted when the alert fired (its rule's `for:`).
+    slow_for: timedelta | None = None
 
     @property
     def actionable(self) -> bool:
@@ -82,6 +90,32 @@ def epoch(text: str) -> datetime | None:
 def stalled_since(alert: Alert) -> datetime | None:
     """When a hang began: its last progress (the annotation `stalled_since`)."""
     return epoch(alert.annotations.get("stalled_since", ""))
+
+
+MAX_SECONDS = timedelta(days=7)
+MAX_SLOWDOWN = 1000.0
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def seconds(alert: Alert, key: str) -> timedelta | None:
+    """An annotation's seconds (`checkpoint_every`, `slow_for`): positive, at most a week."""
+    value = _number(alert.annotations.get(key, ""))
+    if value is None or not 0 < value <= MAX_SECONDS.total_seconds():
+        return None
+    return timedelta(seconds=value)
+
+
+def slowdown(alert: Alert) -> float | None:
+    """How much slower than usual the job steps (the annotation `slowdown`): 1 or more."""
+    value = _number(alert.annotations.get("slowdown", ""))
+    return value if value is not None and 1.0 <= value <= MAX_SLOWDOWN else None
 
 
 def line_time(alert: Alert) -> datetime | None:
@@ -127,4 +161,8 @@ def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Eviden
         xid=int(raw_xid)
         if is_number(raw_xid := labels.get("xid", "")) and len(raw_xid) < 5
         else None,
+        checkpoint_at=epoch(alert.annotations.get("checkpoint_at", "")),
+        checkpoint_every=seconds(alert, "checkpoint_every"),
+        slowdown=slowdown(alert),
+        slow_for=seconds(alert, "slow_for"),
     )

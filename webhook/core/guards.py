@@ -49,6 +49,7 @@ from webhook.core.lifecycle import PENDING
 from webhook.core.policy import SHARED, Policy
 from webhook.core.recovery import Verdict, Watch
 from webhook.core.signals import FAILURE_SIGNALS, STALL, STRAGGLER
+from webhook.core.slowdown import weigh
 
 
 @dataclass(frozen=True)
@@ -149,12 +150,18 @@ def job_running(d: Decision, ctx: Context) -> Outcome:
     """Act on failures, not symptoms: an application's error on a job that keeps training
     (nothing fatal logged, no stall, not ended) is left alone, and people are told. So is a job
     on degraded hardware (drained: Slurm lets it finish), until it fails, stalls or slows. (A
-    recovery check's stop of a job that trains and makes no progress is `no_progress`'s.)"""
+    recovery check's stop of a job that trains and makes no progress is `no_progress`'s.) A
+    job that runs slow is requeued once its slow steps until the next checkpoint would lose
+    more than a restart now (webhook.core.slowdown): else after that checkpoint."""
     job = ctx.job
     if _recovery(d):
         return _keep(d)
     if d.cause == "degraded" and _planned(d, "requeue") and job is not None:
         return _on_degraded(d, job, ctx)
+    if d.cause == "straggler" and _planned(d, "requeue") and job is not None:
+        if _ended_by_choice(job) is not None or job_failed(job, ctx.evidence):
+            return _keep(d)
+        return _after_checkpoint(d, job, ctx)
     if not _planned(d, "stop", "requeue") or d.cause != "application" or job is None:
         return _keep(d)
     if _ended_by_choice(job) is not None or job_failed(job, ctx.evidence):
@@ -169,12 +176,39 @@ def job_running(d: Decision, ctx: Context) -> Outcome:
 
 def _on_degraded(d: Decision, job: Job, ctx: Context) -> Outcome:
     slowed = any(e.signal in STRAGGLER and e.actionable for e in ctx.evidence)
-    if _ended_by_choice(job) is not None or job_failed(job, ctx.evidence) or slowed:
+    if _ended_by_choice(job) is not None or job_failed(job, ctx.evidence):
         return _keep(d)
+    if slowed:
+        return _after_checkpoint(d, job, ctx)
     why = (
         f"job {job.id} keeps training: {names(d.exclude)} is drained (Slurm lets the job "
         f"finish and starts nothing new there) and the job is left alone; it is requeued "
         f"without it if it fails, stalls or slows. "
+    )
+    return Outcome((replace(_bare(d), action="none", guard="job_running", reason=why + d.reason),))
+
+
+def _after_checkpoint(d: Decision, job: Job, ctx: Context) -> Outcome:
+    """A slow job that still trains: requeued now, or after its next checkpoint when the slow
+    steps until then lose less than the work a requeue now would redo (`none`, guard
+    job_running: the incident looks again when that checkpoint is written)."""
+    rules = ctx.policy.slowdown
+    w = weigh(ctx.evidence, ctx.now, rules.checkpoint_margin) if rules.weigh_checkpoint else None
+    if w is None:
+        return _keep(d)
+    if not w.wait:
+        why = (
+            f"{d.reason}; requeued now: it redoes {durations.format(w.since_checkpoint)} of work "
+            f"since the last checkpoint, running {w.slowdown:.3g} times slower until the next "
+            f"would lose {durations.format(w.slow_until_checkpoint)}"
+        )
+        return _keep(replace(d, reason=why))
+    why = (
+        f"job {job.id} trains {w.slowdown:.3g} times slower on {names(d.exclude)}, and its next "
+        f"checkpoint is written by {w.requeue_at.astimezone(UTC):%H:%M:%SZ}: running slow until "
+        f"then loses {durations.format(w.slow_until_checkpoint)}, less than the "
+        f"{durations.format(w.since_checkpoint)} of work a requeue now would redo; requeued "
+        f"then. "
     )
     return Outcome((replace(_bare(d), action="none", guard="job_running", reason=why + d.reason),))
 

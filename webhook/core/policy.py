@@ -148,6 +148,17 @@ class Repeats(_Strict):
     apart: Duration = timedelta(hours=1)
 
 
+class Slowdown(_Strict):
+    # A slow job (a straggler, a throttled GPU, a degraded node's slow rank) that still trains is
+    # requeued only when its slow steps until the next checkpoint lose more than the work a
+    # restart now would redo; else after that checkpoint (webhook.core.slowdown). Needs the
+    # checkpoint's figures on the alert (the shipped rules' annotations from the progress
+    # reports); without them the requeue goes ahead. Off: requeue at once, as before.
+    weigh_checkpoint: bool = True
+    # How long after the next checkpoint is due the requeue waits (for it to be written).
+    checkpoint_margin: Duration = timedelta(minutes=2)
+
+
 class Verify(_Strict):
     # A requeued job must pass the step it failed at within this time (restart, resume from
     # the checkpoint, catch up) or its recovery counts as failed.
@@ -203,6 +214,7 @@ class Policy(_Strict):
     breaker: Breaker = Breaker()
     shared_cause: SharedCause = SharedCause()
     repeats: Repeats = Repeats()
+    slowdown: Slowdown = Slowdown()
     verify: Verify = Verify()
     # A decision waiting for approval longer than this expires (state `expired`): it was made on
     # a view of the cluster that has moved on, and a human approving it hours later would act on
