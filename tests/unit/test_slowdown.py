@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from webhook.core.alerts import Alert
+from webhook.core.alerts import Alert, wrap
 from webhook.core.cluster import ClusterView, Node
 from webhook.core.evidence import Evidence, from_alert
 from webhook.core.slowdown import LEAST_SLOWDOWN, requeue_at, weigh
@@ -101,3 +101,44 @@ def test_without_a_checkpoint_s_figures_nothing_is_weighed(annotations: dict[str
 @pytest.mark.parametrize(("raw", "got"), [("0.5", None), ("nan", None), ("1e9", None), ("2", 2.0)])
 def test_a_slowdown_is_a_sane_factor(raw: str, got: float | None) -> None:
     assert slow(slowdown=raw).slowdown == got
+
+
+def test_a_job_left_running_for_its_own_error_is_not_looked_at_at_every_tick() -> None:
+    """An application's symptom on a job that trains (none, job_running) beside a slowdown whose
+    checkpoint is long written: decided once, not again at every tick."""
+    from webhook.core.cluster import Job
+    from webhook.core.engine import Engine
+    from webhook.core.policy import load_policy
+
+    v = view()
+    v.nodes["gpu04"] = Node("gpu04", "train")
+    v.set_job(
+        Job(id=7, nodes=("gpu03", "gpu04"), partition="train", started=T0 - timedelta(hours=3))
+    )
+    e = Engine(view=v, policy=load_policy({"settle_seconds": 10}))
+    labels = {"node": "gpu04", "slurm_job_id": "7"}
+    e.receive(
+        wrap(
+            [
+                Alert(
+                    status="firing",
+                    startsAt=T0,
+                    labels={"alertname": "GpuXidAppError", "signal": "gpu_app", "xid": "13"}
+                    | labels,
+                ),
+                Alert(
+                    status="firing",
+                    startsAt=T0,
+                    labels={"alertname": "TrainingThroughputDrop", "signal": "straggler"}
+                    | {"slurm_job_id": "7"},
+                    annotations={"checkpoint_at": ago(300), "checkpoint_every": "3600"},
+                ),
+            ]
+        ),
+        T0,
+    )
+    first = e.tick(T0 + timedelta(seconds=10))
+    assert ("none", "job_running") in {(d.action, d.guard) for d in first}, first
+    (incident,) = e.incidents.values()
+    assert incident.check_at is None
+    assert e.next_due() is None or e.next_due() > T0 + timedelta(hours=1)

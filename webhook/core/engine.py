@@ -742,8 +742,10 @@ class Engine:
                     guard="engine_error",
                 )
             ]
-        # A slow job left to reach its next checkpoint is looked at again once it is written.
-        incident.check_at = self._checkpoint_written(incident, made)
+        # A slow job left to reach its next checkpoint is looked at again once it is written
+        # (once: a time past is no reason to look again, or it would look at every tick).
+        written = self._checkpoint_written(incident, made)
+        incident.check_at = written if written is not None and written > now else None
         incident.known |= {evidence_key(e.fingerprint, e.starts_at) for e in incident.evidence}
         incident.until_job_ends = until_job_ends(
             made, job, shared=self.policy.shared_cause.requeue_away
