@@ -1,7 +1,7 @@
 """A fake dcgm-exporter: one endpoint per lab node, the real metric names and labels.
 
-There are no GPUs here, so values are modelled on a real H200 (shared/reference/h200/): idle at
-35 C and 125 W, loaded while a Slurm job holds the node. Faults injected with `slurmedic lab
+There are no GPUs here, so values are modelled on a real H200 (lab/data/nvidia-smi-h200.xml):
+idle at 35 C and 125 W, loaded while a Slurm job holds the node. Faults injected with `slurmedic lab
 inject` change the series the way DCGM would: the XID gauge holds the *last* code,
 DCGM_EXP_XID_ERRORS_COUNT counts XIDs in a 5-minute window, error counters only grow, and a
 GPU that fell off the bus disappears. `hpc_job` comes from the real Slurm job on the node, as

@@ -1,7 +1,7 @@
 """A fake `nvidia-smi -q -x` for the lab's nodes: a real H200's output, one copy per GPU, with
 the lab's injected GPU faults showing where nvidia-smi would show them.
 
-`lab/data/nvidia-smi-h200.xml` is the output of a real H200 node (shared/reference/h200). The
+`lab/data/nvidia-smi-h200.xml` is the output of a real H200 node (an H200's). The
 lab's inventory runs `python -m lab.nvidia_smi --lab-dir RUN --node gpuNN` as that node's
 nvidia-smi, so `collect_diagnostics` reads what it would read on a sick node:
 - a double-bit ECC fault (or an XID meaning one) raises the volatile DRAM uncorrectable count;

@@ -1,7 +1,7 @@
 """A real Slurm cluster on one machine (22.05 to 26.05, by the lab's stack): munged, slurmctld
 and one `slurmd -N` per node.
 
-Settings follow shared/reference/lab.md (what is known to work here): root everywhere, fake GPU
+Settings follow what is known to work here (docs/lab.md): root everywhere, fake GPU
 gres backed by character devices, short scheduler and timeout intervals so failures show in
 seconds rather than minutes.
 """

@@ -1,10 +1,11 @@
 """Attribution: which nodes (or what shared cause, or the application) failed a job attempt.
 
-DESIGN.md's rules, strongest first: hardware evidence on a node (1); the node that stayed
-silent while the others logged NCCL timeouts (2); a persistent straggler (3); application
-errors with no hardware evidence (4); many nodes at once or most of a switch, which overrides
-1-3 for the nodes it covers (5); timeouts everywhere or a stalled job with nothing to blame (6);
-anything else (7). RULES holds them in the order they are tried: the first that speaks decides.
+The rules of docs/operations.md, strongest first: hardware evidence on a node (1); the node
+that stayed silent while the others logged NCCL timeouts (2); a persistent straggler (3);
+application errors with no hardware evidence (4); many nodes at once or most of a switch,
+which overrides 1-3 for the nodes it covers (5); timeouts everywhere or a stalled job with
+nothing to blame (6); anything else (7). RULES holds them in the order they are tried: the
+first that speaks decides.
 
 Application evidence from a node whose ranks had already witnessed a communication failure (an
 NCCL timeout or error) or stalled is that failure's echo, not the application's fault: a rank

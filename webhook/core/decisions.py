@@ -1,4 +1,4 @@
-"""Decisions: what they are, what each cause leads to (DESIGN.md's table: `plan`), and what
+"""Decisions: what they are, what each cause leads to (docs/operations.md's table: `plan`), and what
 the guards remember between incidents (`GuardState`, changed only by `Effect`s).
 
 Act on failures, not symptoms: an application's GPU error (an XID of the application class) on a
@@ -492,7 +492,7 @@ def away(base: Decision, attr: Attribution, job: Job | None, *, failed: bool) ->
 def plan(
     base: Decision, attr: Attribution, job: Job | None, *, requeue_away: bool = False
 ) -> list[Decision]:
-    """DESIGN.md's table: what the cause leads to, before any guard has spoken (the guards,
+    """docs/operations.md's table: what the cause leads to, before any guard has spoken (the guards,
     webhook.core.guards, may change each of these). `requeue_away`: the policy's
     shared_cause.requeue_away is on and the job has failed (`job_failed`)."""
     out: list[Decision] = []

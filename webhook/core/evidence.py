@@ -15,7 +15,8 @@ from webhook.core.validation import is_number
 
 
 def node_label(labels: dict[str, str]) -> str | None:
-    """DESIGN.md's identity: `node`, else `hostname`, else `Hostname`, else `instance` - port."""
+    """A node's identity (docs/operations.md): `node`, else `hostname`, else `Hostname`, else
+    `instance` - port."""
     for key in ("node", "hostname", "Hostname"):
         if labels.get(key):
             return labels[key]

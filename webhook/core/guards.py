@@ -830,7 +830,7 @@ def decide(
     )
     evidence = tuple(evidence)
     ctx = Context(attr, job, evidence, view, policy, guards, now)
-    # A job is requeued away from a shared cause only once it has failed (DESIGN.md: act on
+    # A job is requeued away from a shared cause only once it has failed (docs/operations.md: act on
     # failures): many nodes "down" at once may be the monitoring's fault, not theirs.
     away = (
         policy.shared_cause.requeue_away

@@ -1,7 +1,7 @@
 """The policy: modes, scope, retry budget, circuit breaker, shared-cause thresholds.
 
-One YAML file, validated with errors that name the bad key. Defaults are DESIGN.md's; a file
-(or a scenario's `policy:`) overrides only the keys it gives.
+One YAML file, validated with errors that name the bad key. Defaults are in
+docs/operations.md; a file (or a scenario's `policy:`) overrides only the keys it gives.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from webhook.core.validation import describe
 
 Mode = Literal["monitor", "approve", "enforce"]
 Action = Literal["drain", "requeue", "stop", "escalate", "resume", "none"]
-# The cause vocabulary (DESIGN.md); the signals point to the hardware ones (signals.py).
+# The cause vocabulary (docs/operations.md); the signals point to the hardware ones (signals.py).
 Cause = Literal[
     "gpu_hardware",
     "node_failure",
@@ -119,7 +119,7 @@ class SharedCause(_Strict):
     # error, or its progress stalled) is requeued at once, off every node of the failing
     # switch, none of them drained; the switch still goes to a person. Off: the job waits for
     # that person too. Never for a job that still runs (many nodes "down" at once may be the
-    # monitoring's fault: DESIGN.md's rule 5 escalates it), for a cluster-wide cause or a
+    # monitoring's fault: rule 5 escalates it), for a cluster-wide cause or a
     # burst (there is no healthy side), past the job's retry budget (then it waits: a job is
     # never stopped for a shared cause), or when its partition has too few other nodes to run
     # it. On by default since issue 36: a job that died of a leaf switch loses nothing by

@@ -4,7 +4,7 @@ Pure: the caller passes the XML (str or bytes) and gets a frozen model back; not
 nvidia-smi, reads files or looks at the clock.
 
 Element names follow the driver 580 output (DTD nvsmi_device_v13, the H200 sample in
-shared/reference/h200/) and the older names that are still in the field:
+lab/data/nvidia-smi-h200.xml) and the older names that are still in the field:
 
 - clock reasons: `clocks_event_reasons/clocks_event_reason_*` (newer drivers) or
   `clocks_throttle_reasons/clocks_throttle_reason_*` (older ones);

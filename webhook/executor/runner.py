@@ -2,7 +2,7 @@
 
 Each run gets a fresh private data directory: ansible-runner keeps `cmdline` and extravars in
 `<dir>/env/` and a later run in the same directory silently reuses them (a real run once became
-a check run, shared/reference/lab.md). Extra vars are validated here, again, before they reach
+a check run, docs/lab.md). Extra vars are validated here, again, before they reach
 a playbook; playbooks hand them to Slurm as argv, never through a shell.
 """
 

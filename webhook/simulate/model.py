@@ -112,7 +112,7 @@ class HumanDelay(_Model):
 class AppEveryRank(_Model):
     """The share of the application's crashes that fail every rank alike (each rank's
     traceback), the rest one rank's (its traceback; the job ends, its other ranks killed by the
-    launcher). An assumption, not a published figure: DESIGN.md's premise that a bug in the
+    launcher). An assumption, not a published figure: docs/operations.md's premise that a bug in the
     code all ranks run fails them alike, and chance (a rank's bad data, an OOM spike, a flaky
     read) fails one. 1.0 and 1.0: every crash on every rank, the model before issue 36."""
 
