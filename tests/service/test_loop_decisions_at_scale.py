@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from tests.service.test_nodes import drain
 from webhook.core.alerts import Payload
 from webhook.core.cluster import ClusterView, Job, Node
-from webhook.core.decisions import Decision
 from webhook.core.policy import Policy, load_policy
 from webhook.ledger.store import Ledger
 from webhook.service.loop import LiveLoop
@@ -274,7 +274,7 @@ def test_the_loop_learns_the_cluster_s_failure_rate_from_its_ledger(tmp_path: Pa
     start = T0 - timedelta(days=60)
     deliver(ledger, start, alert("GpuXidNodeFault", "gpu_hw", "gpu01", start))  # the record begins
     drains = [
-        replace_drain(start + timedelta(days=1, hours=i), f"gpu0{1 + i % 8}", f"node:x{i}")
+        drain(start + timedelta(days=1, hours=i), f"gpu0{1 + i % 8}", f"node:x{i}", "executed")
         for i in range(40)
     ]
     ledger.record(drains)
@@ -292,20 +292,6 @@ def test_the_loop_learns_the_cluster_s_failure_rate_from_its_ledger(tmp_path: Pa
     # A policy that sets its own rate keeps it.
     fixed = loop(ledger, load_policy({"failure_rate": 3.8}), world)
     assert fixed.engine.policy.failure_rate == 3.8
-
-
-def replace_drain(at: datetime, node: str, incident: str) -> Decision:
-    return Decision(
-        at=at,
-        incident=incident,
-        job=None,
-        action="drain",
-        cause="gpu_hardware",
-        reason=f"XID 79 on {node}",
-        nodes=(node,),
-        mode="enforce",
-        state="executed",
-    )
 
 
 def test_a_slow_job_is_requeued_once_its_checkpoint_is_written_also_after_a_restart(

@@ -435,13 +435,22 @@ class GuardState:
         return max(found, key=lambda h: h.at) if found else None
 
 
+LEFT_RUNNING = "job_running"  # the guard of a `none` that leaves a job running on purpose
+
+
+def leaves_running(d: Decision) -> bool:
+    """A `none` that leaves the job running on purpose (an application's symptom, degraded
+    hardware, a slow job waiting for its checkpoint): its incident keeps watching the job."""
+    return d.action == "none" and d.guard == LEFT_RUNNING
+
+
 def closes(carried: Iterable[str], standing: Iterable[Decision]) -> bool:
     """Whether actions carried out close an incident whose decisions in force are `standing`
     (no more revisions: what arrives later is their consequence). A drain whose decisions left
     the job running on purpose (degraded hardware: Slurm lets it finish) does not: the job's
     failure there is news."""
     done = set(carried) & SCHEDULER_ACTIONS
-    if any(d.action == "none" and d.guard == "job_running" for d in standing):
+    if any(map(leaves_running, standing)):
         return bool(done & JOB_ACTIONS)
     return bool(done)
 

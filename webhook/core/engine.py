@@ -55,11 +55,13 @@ from webhook.core.attribution import Attribution, attribute, blames_nobody, stal
 from webhook.core.cluster import ClusterView, Job
 from webhook.core.decisions import (
     DRAIN_CAUSES,
+    LEFT_RUNNING,
     Counted,
     Decision,
     GuardState,
     PastAction,
     closes,
+    leaves_running,
 )
 from webhook.core.evidence import Evidence, from_alert
 from webhook.core.failures import APP_XID, WATCHED_XIDS, Failure, FailureMemory
@@ -774,9 +776,7 @@ class Engine:
         """When the next checkpoint of a slow job left running (guard job_running) is written:
         when its requeue loses nothing (webhook.core.slowdown). None: nothing waits for one."""
         rules = self.policy.slowdown
-        if not rules.weigh_checkpoint or not any(
-            d.action == "none" and d.guard == "job_running" for d in standing
-        ):
+        if not rules.weigh_checkpoint or not any(map(leaves_running, standing)):
             return None
         return requeue_at(incident.evidence, rules.checkpoint_margin)
 
@@ -871,7 +871,7 @@ def until_job_ends(made: Iterable[Decision], job: Job | None, *, shared: bool = 
     cause's escalation, which a job that has failed is requeued away from): its end, when it
     fails, is news."""
     made = list(made)
-    if any(d.guard == "job_running" for d in made):
+    if any(d.guard == LEFT_RUNNING for d in made):
         return True
     waits = {"unknown", SHARED} if shared else {"unknown"}
     escalated = any(

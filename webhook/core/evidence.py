@@ -76,14 +76,23 @@ MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z
 LINE_SKEW = timedelta(minutes=15)
 
 
-def epoch(text: str) -> datetime | None:
-    """Seconds since the epoch, when `text` is a sane such time (a label's or an annotation's
-    value: anything else is no time)."""
+def _number(text: str) -> float | None:
+    """A finite number (a label's or an annotation's value), else None. Most alerts carry none
+    of the annotations read here: an empty one is no number, without an exception."""
+    if not text:
+        return None
     try:
         value = float(text)
     except ValueError:
         return None
-    if not math.isfinite(value) or not 0 < value <= MAX_EPOCH:
+    return value if math.isfinite(value) else None
+
+
+def epoch(text: str) -> datetime | None:
+    """Seconds since the epoch, when `text` is a sane such time (a label's or an annotation's
+    value: anything else is no time)."""
+    value = _number(text)
+    if value is None or not 0 < value <= MAX_EPOCH:
         return None
     return datetime.fromtimestamp(value, UTC)
 
@@ -95,14 +104,6 @@ def stalled_since(alert: Alert) -> datetime | None:
 
 MAX_SECONDS = timedelta(days=7)
 MAX_SLOWDOWN = 1000.0
-
-
-def _number(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
 
 
 def seconds(alert: Alert, key: str) -> timedelta | None:

@@ -37,6 +37,7 @@ from webhook.core.decisions import (
     died_blameless,
     first_failing,
     job_failed,
+    leaves_running,
     plan,
     removes,
     with_mode,
@@ -768,7 +769,7 @@ def one_per_action(decisions: Sequence[Decision], ctx: Context) -> Outcome:
         if d.action not in kept:
             kept[d.action] = len(out)
             out.append(d)
-        elif d.action == "none" and d.guard == "job_running":
+        elif leaves_running(d):
             out[kept["none"]] = d
     return Outcome(tuple(out))
 

@@ -66,7 +66,11 @@ def requeue_at(evidence: Iterable[Evidence], margin: timedelta) -> datetime | No
     at the slow pace, and `margin` to write it. Too early would throw away the work since the
     checkpoint after all, and the wait with it; too late costs only slow steps."""
     e = _latest(evidence)
-    if e is None or e.checkpoint_at is None or e.checkpoint_every is None:
+    return None if e is None else _written(e, margin)
+
+
+def _written(e: Evidence, margin: timedelta) -> datetime | None:
+    if e.checkpoint_at is None or e.checkpoint_every is None:
         return None
     due = e.checkpoint_at + e.checkpoint_every
     onset = e.starts_at - e.slow_for if e.slow_for is not None else e.checkpoint_at
@@ -77,9 +81,8 @@ def requeue_at(evidence: Iterable[Evidence], margin: timedelta) -> datetime | No
 def weigh(evidence: Iterable[Evidence], now: datetime, margin: timedelta) -> Weighing | None:
     """A requeue now against one once the next checkpoint is written; None when the evidence
     gives no checkpoint's figures, or that checkpoint is overdue (nothing to wait for)."""
-    evidence = list(evidence)
     e = _latest(evidence)
-    written = requeue_at(evidence, margin)
+    written = None if e is None else _written(e, margin)
     if e is None or e.checkpoint_at is None or written is None or written <= now:
         return None
     k = _factor(e)

@@ -35,6 +35,7 @@ from webhook.core.decisions import (
     BLAMELESS,
     DRAIN_CAUSES,
     GLOBAL_SWITCH,
+    LEFT_RUNNING,
     SCHEDULER_ACTIONS,
     Decision,
     PastAction,
@@ -594,7 +595,7 @@ class Ledger:
             # days later, is still news for them.
             watching = select(DecisionRow.incident).where(
                 DecisionRow.action == "none",
-                DecisionRow.guard == "job_running",
+                DecisionRow.guard == LEFT_RUNNING,
                 DecisionRow.state != SUPERSEDED,
             )
             recent = (IncidentRow.decided_at >= since) | IncidentRow.key.in_(watching)
@@ -672,7 +673,7 @@ class Ledger:
                     current=ours
                     and (
                         decided_at >= since
-                        or any(d.action == "none" and d.guard == "job_running" for d in ds)
+                        or any(d.action == "none" and d.guard == LEFT_RUNNING for d in ds)
                     ),
                     carried=carried,
                     shared=_judgement(row.shared) if row else {},
