@@ -4,10 +4,14 @@ its handling. Three (or two) `slurmedic serve` replicas in enforce mode on one P
 Alertmanagers clustered with each other, each delivering to all three (tests/lab/replicas.py,
 the same harness as tests/lab/test_faults.py, its short form in CI).
 
-Faults: kill -9 of the leader; SIGSTOP of the leader past its lease (then SIGCONT); PostgreSQL
-restarted (fast shutdown); PostgreSQL unreachable for 30 s (SIGSTOP of the server); the
-leader's disk full (its TMPDIR, a tmpfs). Points: the fault's alert in Alertmanager, the first
-decision recorded, a decision running (its playbook in flight).
+Faults: kill -9 of the leader; SIGSTOP of the leader's whole process tree past its lease (then
+SIGCONT), its playbook runs too, as a VM pause; PostgreSQL restarted (fast shutdown); PostgreSQL
+unreachable for 30 s (SIGSTOP of the server); the leader's disk full (its TMPDIR, a tmpfs).
+Points: the fault's alert in Alertmanager, the first decision recorded, a decision running (its
+playbook in flight). Two more pause the leader's tree at the worst moment, found from its
+playbook's own commands: after its requeue has read the job and before it acts, until the new
+leader's successor runs; after its drain has read the node and before it acts, until the new
+leader has drained it and a person has resumed it (`--fault`, repeated: only those faults).
 
 Prints a row per round and the fault table: per fault, rounds, alerts fired and not in the
 ledger (lost), alert events stored, Alertmanager sends to slurmedic given up (sent again
@@ -15,7 +19,7 @@ later), Slurm's requeues and drains (its own log: a double action shows here), r
 that lost or doubled anything, and the seconds until one replica led again (median, max).
 
     .venv/bin/python -m bench.faults [--rounds 10] [--seed N] [--replicas 2|3] [--stack trixie]
-        [--port-base 24000]
+        [--port-base 24000] [--fault NAME ...]
 """
 
 from __future__ import annotations
@@ -32,21 +36,25 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from lab import manage, monitoring, postgres
 from lab.config import LabConfig
 from lab.slurm import slurm
-from tests.lab.conftest import eventually, queue
+from tests.lab.conftest import eventually, next_attempt, queue
 from tests.lab.replicas import (
     LEASE,
     POINTS,
     Replicas,
+    act_windows,
     all_stored,
     carried_out,
     leads_again,
+    paused_after,
     reached,
     replicas,
     sends_failed,
+    slurm_actions,
     table_row,
 )
 from tests.lab.test_remediation import checkpointed_job, heal
@@ -54,26 +62,29 @@ from tests.lab.test_remediation import checkpointed_job, heal
 OUTAGE = 30.0  # seconds PostgreSQL answers nothing
 
 
-def kill_leader(r: Replicas, leader: str) -> Callable[[], None]:
+Repair = Callable[[], None]
+
+
+def kill_leader(r: Replicas, leader: str, job: int, node: str) -> Repair:
     r.kill(leader)
     return lambda: r.start(leader)
 
 
-def stop_leader(r: Replicas, leader: str) -> Callable[[], None]:
-    r.pause(leader, True)
+def stop_leader(r: Replicas, leader: str, job: int, node: str) -> Repair:
+    stopped = r.pause_tree(leader, True)
     try:
         r.leader(not_=leader, timeout=4 * LEASE + 30)
     finally:
-        r.pause(leader, False)
+        r.pause_tree(leader, False, stopped)
     return lambda: None
 
 
-def restart_postgres(r: Replicas, leader: str) -> Callable[[], None]:
+def restart_postgres(r: Replicas, leader: str, job: int, node: str) -> Repair:
     postgres.restart(r.cfg)
     return lambda: None
 
 
-def postgres_unreachable(r: Replicas, leader: str) -> Callable[[], None]:
+def postgres_unreachable(r: Replicas, leader: str, job: int, node: str) -> Repair:
     postgres.pause(r.cfg, True)
     try:
         time.sleep(OUTAGE)  # the outage's length is what is tested
@@ -82,24 +93,58 @@ def postgres_unreachable(r: Replicas, leader: str) -> Callable[[], None]:
     return lambda: None
 
 
-def disk_full(r: Replicas, leader: str) -> Callable[[], None]:
+def disk_full(r: Replicas, leader: str, job: int, node: str) -> Repair:
     r.disks[leader].fill()
     return r.disks[leader].free
 
 
-FAULTS: dict[str, Callable[[Replicas, str], Callable[[], None]]] = {
+def woken(r: Replicas, leader: str, stopped: list[int]) -> None:
+    r.pause_tree(leader, False, stopped)
+    eventually(lambda: not r.runs(leader), timeout=180, what=f"{leader}'s runs ended")
+
+
+def paused_before_the_requeue(r: Replicas, leader: str, job: int, node: str) -> Repair:
+    stopped = paused_after(r, leader, ["scontrol", "show", "job", str(job), "--oneliner"])
+    try:
+        assert slurm_actions(r.cfg, job, node)[0] == 0, "the pause fell after the requeue"
+        r.leader(not_=leader, timeout=4 * LEASE + 30)
+        eventually(carried_out(r.ledger, f"{job}.0"), timeout=240, what="drain and requeue")
+        next_attempt(r.cfg, job, 1, timeout=120)  # the successor a stale requeue would kill
+    finally:
+        woken(r, leader, stopped)
+    return lambda: None
+
+
+def paused_before_the_drain(r: Replicas, leader: str, job: int, node: str) -> Repair:
+    stopped = paused_after(r, leader, ["scontrol", "show", "node", node, "--oneliner"])
+    try:
+        assert slurm_actions(r.cfg, job, node)[1] == 0, "the pause fell after the drain"
+        r.leader(not_=leader, timeout=4 * LEASE + 30)
+        eventually(carried_out(r.ledger, f"{job}.0"), timeout=240, what="drain and requeue")
+        manage.clear(r.cfg, node)  # a person mends the node and resumes it
+        slurm(r.cfg, "scontrol", "update", f"nodename={node}", "state=resume")
+    finally:
+        woken(r, leader, stopped)
+    return lambda: None
+
+
+FAULTS: dict[str, Callable[[Replicas, str, int, str], Repair]] = {
     "kill -9 of the leader": kill_leader,
     "SIGSTOP of the leader past its lease": stop_leader,
     "PostgreSQL restarted": restart_postgres,
     f"PostgreSQL unreachable {OUTAGE:.0f} s": postgres_unreachable,
     "the leader's disk full": disk_full,
+    "leader paused between read and requeue": paused_before_the_requeue,
+    "leader paused between read and drain": paused_before_the_drain,
 }
+# Faults that find their own moment: the point is theirs.
+AT_READ = {"leader paused between read and requeue", "leader paused between read and drain"}
 
 
 # Faults that take the leader out of play: the time to a leader is the time until another one
 # leads. The others (the database's) count until any replica leads.
 REPLACE_LEADER = {"kill -9 of the leader", "SIGSTOP of the leader past its lease",
-                  "the leader's disk full"}  # fmt: skip
+                  "the leader's disk full", *AT_READ}  # fmt: skip
 
 
 def one_round(r: Replicas, fault: str, point: str) -> dict[str, object]:
@@ -115,11 +160,14 @@ def one_round(r: Replicas, fault: str, point: str) -> dict[str, object]:
     stored_before, failed_before = len(r.ledger.alerts_after(0)), sends_failed(cfg)
     manage.inject_gpu(cfg, "xid", nodes[1], 4, xid=79)
     row: dict[str, object] = {"fault": fault, "point": point}
-    repair: Callable[[], None] = lambda: None  # noqa: E731
+    repair: Repair = lambda: None  # noqa: E731
     try:
-        reached(r, job, point)
+        if fault in AT_READ:
+            row["point"] = point = "the plan's read"
+        else:
+            reached(r, job, point)
         started = time.monotonic()
-        repair = FAULTS[fault](r, leader)
+        repair = FAULTS[fault](r, leader, job, nodes[1])
         # A leader taken out: from the fault's start until another leads (a takeover). The
         # database's faults: from their end until one leads again.
         out = fault in REPLACE_LEADER
@@ -138,6 +186,7 @@ def one_round(r: Replicas, fault: str, point: str) -> dict[str, object]:
         del row["new events acknowledged"], row["answers 5xx"]
         row["events stored"] = len(r.ledger.alerts_after(0)) - stored_before
         row["Alertmanager sends failed"] = sends_failed(cfg) - failed_before
+        row["act windows ms"] = act_windows(r.ledger, done)
         row |= {
             "point": point,
             "leader after": led,
@@ -190,6 +239,13 @@ def table(rows: list[dict[str, object]]) -> None:
         "(to a leader: median / max seconds; a fault that took the leader out: from its start "
         "until another replica leads; the database's: from its end until one leads)"
     )
+    windows = sorted(w for row in rows for w in cast(list[float], row.get("act windows ms", [])))
+    if windows:
+        print(
+            f"acts: {len(windows)}; from the last check to the command's end (ms): median "
+            f"{statistics.median(windows):.1f}, p95 {windows[int(0.95 * (len(windows) - 1))]:.1f}, "
+            f"max {windows[-1]:.1f}"
+        )
 
 
 def main() -> None:
@@ -199,6 +255,9 @@ def main() -> None:
     p.add_argument("--stack", default=None)
     p.add_argument("--port-base", type=int, default=24000)
     p.add_argument("--replicas", type=int, choices=(2, 3), default=3)
+    p.add_argument(
+        "--fault", choices=list(FAULTS), action="append", help="only these faults (repeatable)"
+    )
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -209,7 +268,7 @@ def main() -> None:
     print(f"seed {seed}; lab {cfg.run_dir} ({cfg.stack}); {args.replicas} replicas, lease {LEASE}s")
     rows: list[dict[str, object]] = []
     # Every fault once before any twice, then at random; the point always at random.
-    order = list(FAULTS)
+    order = args.fault or list(FAULTS)
     rng.shuffle(order)
     faults = [order[i % len(order)] if i < len(order) else rng.choice(order)
               for i in range(args.rounds)]  # fmt: skip

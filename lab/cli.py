@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from lab import api, manage, monitoring, processes, stacks
+from lab import api, manage, monitoring, postgres, processes, stacks
 from lab.config import LabConfig
 from lab.slurm import LabError, node_states
 from lab.stacks import StackError
@@ -321,6 +321,25 @@ def serve_cmd(cfg: LabConfig, policy: Path | None) -> None:
         f"(config {cfg.slurmedic_config}); `slurmedic lab down` stops it\n"
         f"console: {cfg.console_url} (users and passwords: {cfg.console_passwords_file})"
     )
+
+
+@lab.command(name="postgres")
+@click.option(
+    "--database",
+    default="slurmedic",
+    show_default=True,
+    help="A database to make afresh (dropped first if it is there).",
+)
+@pass_cfg
+@lab_errors
+def postgres_(cfg: LabConfig, database: str) -> None:
+    """Start the lab's PostgreSQL (loopback, trust; `lab down` stops it) and print the
+    database_url of a fresh database on it: several `slurmedic serve` replicas share it
+    (docs/ha.md)."""
+    if not database.replace("_", "").isalnum() or not database.isascii():
+        raise click.BadParameter("letters, digits and _ only", param_hint="--database")
+    postgres.start(cfg)
+    click.echo(postgres.new_database(cfg, database))
 
 
 @lab.command()

@@ -4,6 +4,7 @@ tests ask of them: who leads, what each decision's claims were, what Slurm did."
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -50,8 +51,8 @@ class Replicas:
     def others(self, name: str) -> list[str]:
         return [n for n in self.ports if n != name]
 
-    def readyz(self, name: str) -> dict[str, Any]:
-        r = requests.get(f"{self.cfg.url(self.ports[name])}/readyz", timeout=5)
+    def readyz(self, name: str, timeout: float = 5) -> dict[str, Any]:
+        r = requests.get(f"{self.cfg.url(self.ports[name])}/readyz", timeout=timeout)
         body: dict[str, Any] = r.json()
         return body | {"code": r.status_code}
 
@@ -63,7 +64,9 @@ class Replicas:
             seen = set()
             for n in self.ports:
                 try:
-                    seen.add(self.readyz(n)["leader"])
+                    # Briefly: a paused replica answers nothing, and waiting out a long
+                    # timeout on it would make a takeover look seconds later than it was.
+                    seen.add(self.readyz(n, timeout=0.5)["leader"])
                 except requests.RequestException:
                     continue
             one = seen.pop() if len(seen) == 1 else None
@@ -77,6 +80,31 @@ class Replicas:
         pid = processes.read_pid(self.cfg, self.daemon(name))
         assert pid is not None
         os.killpg(pid, signal.SIGSTOP if stopped else signal.SIGCONT)
+
+    def pause_tree(self, name: str, stopped: bool, pids: list[int] | None = None) -> list[int]:
+        """SIGSTOP (or SIGCONT) of the replica's whole process tree: serve, its loop and the
+        playbook runs the loop started (each in a session of its own), as a VM pause stops
+        them all. Returns the processes stopped (pass them back to continue them)."""
+        root = processes.read_pid(self.cfg, self.daemon(name))
+        assert root is not None
+        sig = signal.SIGSTOP if stopped else signal.SIGCONT
+        if pids is None:
+            pids = [root]
+            for _ in range(3):  # a process forked while the tree was being stopped
+                for pid in [root, *processes.descendants(root)]:
+                    if pid not in pids:
+                        pids.append(pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
+            return pids
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        return pids
+
+    def runs(self, name: str) -> list[Path]:
+        """The replica's playbook runs in progress (their private data directories)."""
+        return sorted(self.disks[name].path.glob("slurmedic-run-*"))
 
     def start(self, name: str) -> None:
         env = self.cfg.env() | {"TMPDIR": str(self.disks[name].path)}
@@ -97,6 +125,36 @@ class Replicas:
             if labels.items() <= have.items():
                 return float(value)
         raise AssertionError(f"{family} {labels} not in {name}'s /metrics")
+
+
+def event_of(path: Path) -> dict[str, Any] | None:
+    """A playbook run's event (ansible-runner writes each to a file of its own; None while it
+    is being written)."""
+    try:
+        event = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def paused_after(r: Replicas, name: str, argv: list[str], timeout: float = 120) -> list[int]:
+    """Pause replica `name`'s whole tree the moment one of its playbook runs has carried out
+    `argv` (a plan's read of Slurm, as the run itself reports it: where a real pause could
+    fall); the processes stopped."""
+    deadline, seen = time.monotonic() + timeout, set()
+    while time.monotonic() < deadline:
+        for run in r.runs(name):
+            for path in run.glob("artifacts/*/job_events/*.json"):
+                if path in seen or (event := event_of(path)) is None:
+                    continue
+                seen.add(path)
+                res = event.get("event_data", {}).get("res", {})
+                # A looped task's items report each of theirs.
+                done = event.get("event") in ("runner_on_ok", "runner_item_on_ok")
+                if done and res.get("cmd") == argv:
+                    return r.pause_tree(name, True)
+        time.sleep(0.005)
+    raise AssertionError(f"no run of {name} carried out {argv} within {timeout:.0f} s")
 
 
 def deliver_to(cfg: LabConfig, ports: list[int]) -> None:
@@ -207,6 +265,16 @@ def waiting(pair: Replicas, job: int, probe: Callable[[], Any], what: str, **kw:
 
 def incident_rows(ledger: Ledger, incident: str) -> list[DecisionRow]:
     return [r for r in ledger.decisions(500) if r.incident == incident]
+
+
+def act_windows(ledger: Ledger, rows: dict[str, DecisionRow]) -> list[float]:
+    """Each act's time from its last check to its command's end, as the runs recorded it."""
+    return [
+        w
+        for row in rows.values()
+        for e in (ledger.decision(row.id) or (row, []))[1]
+        for w in e.detail.get("run", {}).get("windows_ms", [])
+    ]
 
 
 def claims(ledger: Ledger, row: DecisionRow) -> list[dict[str, Any]]:

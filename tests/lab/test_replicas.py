@@ -2,10 +2,18 @@
 delivering every notification to both (as an HA pair of Alertmanagers may deliver to either):
 one replica leads, and each fault gets one drain and one requeue, each run once. When the
 leader is killed with a run in flight, the follower takes over and finishes it; a replica
-that comes back follows."""
+that comes back follows.
+
+Fencing that reaches Slurm: a leader whose whole process tree is paused between its
+playbook's read of Slurm and its act, for longer than its lease, as a VM pause falls. The
+follower takes over and carries the incident out; the woken leader's playbook must then act on
+nothing: not requeue the running successor a second time, not drain again a node a person has
+resumed since. Slurm's own log is the judge; bench/faults.py runs the same faults many times."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,19 +22,24 @@ import pytest
 
 from lab import manage
 from lab.config import LabConfig
-from tests.lab.conftest import PLAYBOOK_RUN_S, eventually
+from lab.slurm import node_states, slurm
+from tests.lab.conftest import PLAYBOOK_RUN_S, eventually, job_story, next_attempt
 from tests.lab.replicas import (
     LEASE,
     Replicas,
+    act_windows,
     carried_out,
     claims,
     executed_once,
+    paused_after,
     reached,
     replicas,
     restarted_once,
+    slurm_actions,
     waiting,
 )
 from tests.lab.test_remediation import checkpointed_job
+from webhook.ledger.store import Ledger
 
 pytestmark = pytest.mark.lab
 
@@ -132,3 +145,95 @@ def test_a_leader_paused_past_its_lease_claims_nothing_when_it_wakes(
     for row in rows.values():
         assert [(c["replica"], c["attempt"]) for c in claims(pair.ledger, row)] == [(follower, 1)]
     restarted_once(lab_cfg, job, nodes[1])
+
+
+def drained(cfg: LabConfig, node: str) -> bool:
+    return node_states(cfg)[node].startswith(("drain", "drng"))
+
+
+def woken(pair: Replicas, name: str, stopped: list[int], leader: str) -> None:
+    """Continue the paused replica; wait until its runs have ended and it follows."""
+    pair.pause_tree(name, False, stopped)
+    eventually(lambda: not pair.runs(name), timeout=PLAYBOOK_RUN_S, what=f"{name}'s runs ended")
+    eventually(
+        lambda: (r := pair.readyz(name))["code"] == 200 and r["leader"] == leader,
+        timeout=60,
+        what=f"{name} following",
+    )
+
+
+def test_a_leader_paused_between_its_read_and_its_requeue_requeues_nothing_when_it_wakes(
+    lab_cfg: LabConfig, pair: Replicas, submit: Callable[..., int]
+) -> None:
+    leader = pair.leader()
+    follower = pair.others(leader)[0]
+    job, nodes = checkpointed_job(lab_cfg, submit)
+    manage.inject_gpu(lab_cfg, "xid", nodes[1], 4, xid=79)
+    incident = f"{job}.0"
+    # The leader's requeue has read the job (Restarts=0) and is paused before its requeuehold.
+    stopped = paused_after(pair, leader, ["scontrol", "show", "job", str(job), "--oneliner"])
+    paused = time.monotonic()
+    try:
+        assert slurm_actions(lab_cfg, job, nodes[1])[0] == 0, "the pause fell after the requeue"
+        eventually(
+            lambda: pair.readyz(follower)["leading"], timeout=4 * LEASE + 30, what="a takeover"
+        )
+        print(f"takeover {time.monotonic() - paused:.1f} s after the pause (lease {LEASE} s)")
+        rows = waiting(
+            pair, job, carried_out(pair.ledger, incident), "drain and requeue", timeout=120
+        )
+        # The successor runs: what a stale requeue would kill.
+        next_attempt(lab_cfg, job, 1)
+        assert time.monotonic() - paused > LEASE
+    finally:
+        woken(pair, leader, stopped, follower)
+    executed_once(pair, incident, rows)
+    assert [c["replica"] for c in claims(pair.ledger, rows["requeue"])] == [leader, follower]
+    # One requeue and one drain in Slurm's own log; the successor still runs, restarted once.
+    assert slurm_actions(lab_cfg, job, nodes[1]) == (1, 1), job_story(lab_cfg, job)
+    info = manage.show_job(lab_cfg, job)
+    assert (info["JobState"], info["Restarts"]) == ("RUNNING", "1"), job_story(lab_cfg, job)
+    # Both acts checked after the fact: Slurm shows what was decided.
+    assert [r.mismatch for r in pair.ledger.rows([r.id for r in rows.values()])] == [None, None]
+    print("act windows ms:", act_windows(pair.ledger, rows))
+
+
+def test_a_leader_paused_before_its_drain_does_not_drain_again_a_node_a_person_resumed(
+    lab_cfg: LabConfig, pair: Replicas, submit: Callable[..., int]
+) -> None:
+    leader = pair.leader()
+    follower = pair.others(leader)[0]
+    job, nodes = checkpointed_job(lab_cfg, submit)
+    bad = nodes[1]
+    manage.inject_gpu(lab_cfg, "xid", bad, 4, xid=79)
+    incident = f"{job}.0"
+    # The leader's drain has read the node (not drained) and is paused before its drain.
+    stopped = paused_after(pair, leader, ["scontrol", "show", "node", bad, "--oneliner"])
+    try:
+        assert slurm_actions(lab_cfg, job, bad)[1] == 0, "the pause fell after the drain"
+        eventually(
+            lambda: pair.readyz(follower)["leading"], timeout=4 * LEASE + 30, what="a takeover"
+        )
+        rows = waiting(
+            pair, job, carried_out(pair.ledger, incident), "drain and requeue", timeout=120
+        )
+        assert [r.mismatch for r in pair.ledger.rows([rows["drain"].id])] == [None]
+        # A person has looked at the node and put it back in service.
+        manage.clear(lab_cfg, bad)
+        slurm(lab_cfg, "scontrol", "update", f"nodename={bad}", "state=resume")
+        eventually(lambda: not drained(lab_cfg, bad), what=f"{bad} resumed")
+    finally:
+        woken(pair, leader, stopped, follower)
+    assert slurm_actions(lab_cfg, job, bad)[1] == 1, job_story(lab_cfg, job)
+    assert not drained(lab_cfg, bad), node_states(lab_cfg)[bad]
+
+
+def test_lab_postgres_gives_a_database_replicas_can_share(lab_cfg: LabConfig) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "lab", "postgres", "--database", "from_the_cli"],
+        env=lab_cfg.env(), capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    url = out.stdout.strip().splitlines()[-1]
+    assert url.startswith("postgresql") and url.endswith("/from_the_cli"), out.stdout
+    ledger = Ledger(url)  # migrated at first use, as a replica's
+    assert ledger.leases.hold("a", None, 5.0) is not None

@@ -22,6 +22,7 @@ from webhook.core.decisions import Decision
 from webhook.core.lifecycle import FAILED, NOTE, PENDING, RUNNING, SUPERSEDED
 from webhook.core.policy import load_policy
 from webhook.executor.dispatch import Dispatcher
+from webhook.executor.fence import Fence
 from webhook.ledger.leases import LostLease, Term
 from webhook.ledger.store import Ledger, LoopRefused
 from webhook.service.leadership import Replica
@@ -133,9 +134,12 @@ def test_two_replicas_decide_once_and_a_follower_takes_over(ledger: Ledger) -> N
     policy = load_policy({"settle_seconds": 5})
 
     def replica(led: Ledger, name: str) -> Replica:
-        return Replica(led, name, lambda fenced: LiveLoop(fenced, policy, view, clock=clock))
+        return Replica(
+            led, name, lambda fenced: LiveLoop(fenced, policy, view, clock=clock), fence=Fence()
+        )
 
     a, b = replica(ledger, "a"), replica(second, "b")
+    assert a.fence is not None and b.fence is not None
     # The same alert delivered to both replicas' webhooks (Alertmanager's HA peers).
     alert(ledger, "GpuXidNodeFault", "gpu_hw", "gpu01", 1, T0)
     alert(second, "GpuXidNodeFault", "gpu_hw", "gpu01", 1, T0)
@@ -144,6 +148,10 @@ def test_two_replicas_decide_once_and_a_follower_takes_over(ledger: Ledger) -> N
         a.round()
         b.round()
     assert a.term == Term("a", 1) and b.term is None and b.loop is None
+    # The leader's playbooks may act until a lease (less its margin) after its last renewal
+    # was sent; the follower's until never.
+    assert time.time() < a.fence.read() <= time.time() + a.lease_seconds
+    assert b.fence.read() == 0.0
     first = [(r.incident, r.action) for r in ledger.decisions()]
     assert first and len(first) == len(set(first))
     # a stops renewing (paused, cut off): once its term is over, b leads and decides what
@@ -167,6 +175,10 @@ def test_two_replicas_decide_once_and_a_follower_takes_over(ledger: Ledger) -> N
     assert [(r.incident, r.action) for r in ledger.decisions()] == after
     a.round()  # and its next round follows
     assert a.term is None and a.loop is None
+    # Its fence is revoked: a run of its left in flight acts on nothing from now on.
+    assert a.fence.read() == 0.0 and b.fence.read() > time.time()
+    a.fence.close()
+    b.fence.close()
 
 
 def test_a_second_loop_on_a_sqlite_ledger_is_refused(tmp_path: Path) -> None:

@@ -201,6 +201,16 @@ class LedgerCollector(Collector):
             "Escalations nobody has recorded a verdict on yet.",
             value=fig.open_escalations,
         )
+        mismatches = CounterMetricFamily(
+            "slurmedic_action_mismatches",
+            "Runs after which Slurm showed otherwise than decided (a double requeue, a drain "
+            "whose reason is not its own), by action.",
+            labels=["action"],
+        )
+        found = {m.action: m.n for m in fig.mismatches}
+        for action in RUN_ACTIONS:
+            mismatches.add_metric([action], found.get(action, 0))
+        yield mismatches
         fam = GaugeMetricFamily(
             "slurmedic_verdicts",
             "Decisions by their operator's latest verdict (agree, disagree, unsure), by action.",

@@ -33,6 +33,7 @@ def _json(row: DecisionRow) -> dict[str, object]:
         "partition": row.partition,
         "gpus": row.gpus,
         "gpu_hours": row.gpu_hours,
+        "mismatch": row.mismatch,
     }
 
 
@@ -81,6 +82,8 @@ def show(config_path: Path | None, decision_id: int, as_json: bool) -> None:
     )
     c.print(f"incident {row.incident}  job {row.job}  at {data['at']}  guard {row.guard or '-'}")
     c.print(f"reason: {row.reason}")
+    if row.mismatch:
+        c.print(f"[bold red]Slurm after the run:[/bold red] {row.mismatch}", highlight=False)
     if disrupts := describe(row.action, row.gpus, row.gpu_hours):
         c.print(disrupts)
     t = Table(title="evidence")

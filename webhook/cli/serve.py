@@ -33,6 +33,7 @@ from webhook.core.validation import is_number
 from webhook.executor import cgroup
 from webhook.executor.cgroup import RUN_CGROUP_ENV, RunGroup
 from webhook.executor.dispatch import Dispatcher
+from webhook.executor.fence import Fence
 from webhook.executor.runner import INVENTORY
 from webhook.ledger.settings import CorruptSetting
 from webhook.ledger.store import Ledger, LoopRefused, Unavailable
@@ -282,6 +283,8 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
             else "unweighted, as serve's",
         )
 
+    fence = Fence()  # until when this replica's runs may act on Slurm
+
     def make_loop(ledger: Ledger) -> LiveLoop:
         """A new term's loop, built from the ledger as a restart builds one; `ledger` is
         fenced by the term (every part of the loop writes through it)."""
@@ -299,6 +302,7 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
                 if config.executor.diagnostics
                 else None,
                 group=group,
+                fence=fence.path,
             )
         verifier = None
         if config.verification.prometheus_url:
@@ -328,6 +332,7 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
         config.replica_name(),
         make_loop,
         lease_seconds=config.replicas.lease_seconds,
+        fence=fence,
     )
 
     def on_term(_sig: int, _frame: FrameType | None) -> None:
@@ -347,7 +352,10 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
         threading.Thread(
             target=_stop_when_orphaned, args=(int(parent), orphan), daemon=True
         ).start()
-    replica.run(config.tick_seconds)
+    try:
+        replica.run(config.tick_seconds)
+    finally:
+        fence.close()
     # Orphaned is not told to stop: its keeper gone while serve lives, serve starts another.
     if not orphaned.is_set():
         _say(word_fd, STOPPED)

@@ -1,6 +1,6 @@
 """What slurmedic tells people, as alerts of its own (posted to the site's Alertmanager).
 
-Three kinds, each open while it needs a human and resolved once handled:
+Four kinds, each open while it needs a human and resolved once handled:
 
     SlurmedicAwaitingApproval  a recommendation waits for approval (with its age): open until
                                approved, rejected or superseded
@@ -8,6 +8,9 @@ Three kinds, each open while it needs a human and resolved once handled:
                                records a verdict on it (`slurmedic verdict`, the console)
     SlurmedicRecoveryFailed    a requeued job's successor failed too (an escalation of guard
                                recovery_failed): open until a verdict, as an escalation
+    SlurmedicActionMismatch    Slurm showed otherwise after a run than its decision set out
+                               (a double requeue, a drain whose reason is not its own:
+                               webhook/core/outcome.py): open until a verdict
 
 Pure: the notices are computed from plain rows and the time; the notifier (webhook/service/
 notify.py) posts them and resolves those that are gone.
@@ -19,16 +22,18 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-Kind = Literal["awaiting_approval", "escalation", "recovery_failed"]
+Kind = Literal["awaiting_approval", "escalation", "recovery_failed", "mismatch"]
 ALERTNAME: dict[Kind, str] = {
     "awaiting_approval": "SlurmedicAwaitingApproval",
     "escalation": "SlurmedicEscalation",
     "recovery_failed": "SlurmedicRecoveryFailed",
+    "mismatch": "SlurmedicActionMismatch",
 }
 SEVERITY: dict[Kind, str] = {
     "awaiting_approval": "warning",
     "escalation": "critical",
     "recovery_failed": "critical",
+    "mismatch": "critical",
 }
 # The label Alertmanager routes slurmedic's notices by (alert_rules/alertmanager.yml).
 SOURCE = ("notice", "slurmedic")
@@ -47,6 +52,7 @@ class Open:
     state: str
     reason: str
     at: datetime
+    mismatch: str | None = None  # what Slurm showed otherwise after the decision's run
 
 
 @dataclass(frozen=True)
@@ -70,15 +76,16 @@ def notices(rows: list[Open]) -> list[Notice]:
     or an escalation without a verdict)."""
     out = []
     for r in rows:
+        reason = r.reason
         if r.state == "awaiting_approval":
             kind: Kind = "awaiting_approval"
+        elif r.mismatch:
+            kind, reason = "mismatch", r.mismatch
         elif r.action == "escalate":
             kind = "recovery_failed" if r.guard == "recovery_failed" else "escalation"
         else:
             continue
-        out.append(
-            Notice(kind, r.decision_id, r.incident, r.job, r.action, r.cause, r.reason, r.at)
-        )
+        out.append(Notice(kind, r.decision_id, r.incident, r.job, r.action, r.cause, reason, r.at))
     return out
 
 
@@ -98,6 +105,7 @@ def as_alert(
         "awaiting_approval": f"{n.action} of incident {n.incident} waits for approval ({waited})",
         "escalation": f"incident {n.incident} needs a human ({n.cause})",
         "recovery_failed": f"the recovery of incident {n.incident} failed",
+        "mismatch": f"the {n.action} of incident {n.incident} left Slurm otherwise than decided",
     }[n.kind]
     labels = {
         "alertname": ALERTNAME[n.kind],

@@ -35,3 +35,5 @@ JOB_ID = _pattern(_VARS, "slurmedic_job_id_pattern")
 # What else the playbooks check: a drain reason, an incident key (the runner checks them first).
 DRAIN_REASON = _pattern(_VARS, "slurmedic_reason_pattern")
 INCIDENT = _pattern(_VARS, "slurmedic_incident_pattern")
+# A replica's fence file (webhook/executor/fence.py): an absolute path of plain characters.
+FENCE = _pattern(_VARS, "slurmedic_fence_pattern")

@@ -7,6 +7,11 @@ approve  -> the same check-mode run as soon as it is decided, kept as a note (th
             a human approves (`slurmedic approve ID`, the console), then as enforce.
 enforce  -> running -> executed | failed, with the run's commands and output.
 
+Every act a playbook makes is fenced (webhook/executor/fence.py): a run whose replica's lease
+may have ended changes nothing, and is left `running` for the leader. Once a run is done, what
+Slurm shows is checked against the decision (webhook/core/outcome.py): a mismatch (a double
+requeue, a drain whose reason is not its own) is recorded on the decision and escalated.
+
 Within an incident the drain runs before the requeue (the successor must not land on a node
 that is still in service); incidents run concurrently, up to `concurrency` at once. Playbooks
 are idempotent, so a decision found `running` after a crash is simply run again: it finds the
@@ -42,6 +47,7 @@ from webhook.core.lifecycle import (
     WAITING,
     IllegalTransition,
 )
+from webhook.core.outcome import drain_mismatch, requeue_mismatch
 from webhook.executor.cgroup import RunGroup
 from webhook.executor.diagnostics import keep
 from webhook.executor.runner import INVENTORY, CannotRun, RunResult, run_playbook
@@ -51,10 +57,12 @@ from webhook.ledger.store import Ledger
 
 log = logging.getLogger("slurmedic.executor")
 ORDER = {"drain": 0, "resume": 0, "requeue": 1, "stop": 1}
-# Slurm answers that mean "try again in a moment", not "no".
+# Slurm answers that mean "try again in a moment", not "no"; and an act refused because Slurm
+# changed since the plan's read (playbooks/library/slurmedic_act.py): a new run plans afresh.
 TRANSIENT = re.compile(
     r"Socket timed out|Unable to contact slurm controller|Zero Bytes were "
-    r"transmitted|Resource temporarily unavailable|slurm_load_\w+ error"
+    r"transmitted|Resource temporarily unavailable|slurm_load_\w+ error|"
+    r"changed since it was read"
 )
 
 
@@ -78,6 +86,18 @@ def playbook_for(row: DecisionRow) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+def _mismatch(row: DecisionRow, result: RunResult) -> str | None:
+    """What Slurm shows after the run, against what the decision set out to do."""
+    if not result.after:
+        return None
+    if row.action == "requeue" and row.job is not None:
+        return requeue_mismatch(row.job, attempt_of(row.incident), result.after)
+    if row.action == "drain":
+        reason = drain_reason(row.incident, row.cause, row.note or "")
+        return drain_mismatch(row.nodes, reason, result.before, result.after)
+    return None
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -93,7 +113,9 @@ class Dispatcher:
         artifacts: Path | None = None,
         backoff: float = 1.0,
         group: RunGroup | None = None,
+        fence: Path | None = None,
     ) -> None:
+        self.fence = fence  # the replica's fence file; None: acts are not fenced
         self.backoff = backoff  # seconds before the first retry; doubling after
         self.group = group  # the runs' cgroup (webhook/executor/cgroup.py); None: the loop's
         self.ledger, self.inventory, self.timeout = ledger, inventory, timeout
@@ -241,6 +263,8 @@ class Dispatcher:
             return True
         name, evars = target
         evars = {**evars, "slurmedic_slurm_env": self.slurm_env}
+        if self.fence is not None:
+            evars["slurmedic_fence"] = str(self.fence)
         if not monitor and not self._move(row, RUNNING, self._claim(row, name)):
             return True  # superseded before it ran: nothing to do, nothing failed
         if monitor and self._current(row) not in (RECORDED, PENDING, APPROVED):
@@ -250,6 +274,13 @@ class Dispatcher:
         except ValidationError as e:
             self._move(row, FAILED, {"by": "executor", "error": str(e)[:500]})
             return False
+        if result.fenced:
+            # Its lease may have ended: left `running`, for whoever leads to run again.
+            raise LostLease(f"decision {row.id} not carried out: its acts were fenced")
+        if not monitor and (mismatch := _mismatch(row, result)):
+            # Unfenced: a leader whose stale act got through records what it did all the same.
+            self.ledger.record_mismatch(row.id, mismatch, self.clock())
+            log.error("decision %s %s: %s", row.id, row.action, mismatch)
         if monitor:
             state = RECORDED
             note = {"by": "executor", "dry_run": result.summary()}
@@ -289,7 +320,7 @@ class Dispatcher:
 
     def _run(self, name: str, evars: dict[str, Any], *, check: bool) -> RunResult:
         def transient(r: RunResult) -> bool:
-            return not r.ok and bool(TRANSIENT.search(r.output))
+            return not r.ok and (r.fenced or bool(TRANSIENT.search(r.output)))
 
         attempts: list[str] = []
 
@@ -305,7 +336,9 @@ class Dispatcher:
                 timeout=self.timeout,
                 group=self.group,
             )
-            attempts.append(r.status if not transient(r) else "transient Slurm error")
+            attempts.append(
+                "fenced" if r.fenced else "transient Slurm error" if transient(r) else r.status
+            )
             return r
 
         retrying = Retrying(

@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from webhook import resources
-from webhook.core.patterns import DRAIN_REASON, INCIDENT, NODE_NAME
+from webhook.core.patterns import DRAIN_REASON, FENCE, INCIDENT, NODE_NAME
 from webhook.executor import cgroup
 from webhook.executor.cgroup import RunGroup
 
@@ -31,6 +31,8 @@ PLAYBOOKS = resources.PLAYBOOKS
 INVENTORY = resources.INVENTORY
 
 SET_STATS = ("ansible.builtin.set_stats", "set_stats")
+ACT = "slurmedic_act"  # playbooks/library/slurmedic_act.py: every command that changes Slurm
+OUTCOMES = ("runner_on_ok", "runner_on_failed")
 
 NodeName = Annotated[str, StringConstraints(pattern=NODE_NAME.pattern)]
 
@@ -39,6 +41,8 @@ class _Vars(BaseModel):
     # Python's re, as the playbooks' checks: the patterns are theirs (\Z-anchored).
     model_config = ConfigDict(extra="forbid", frozen=True, regex_engine="python-re")
     slurmedic_slurm_env: dict[str, str] = {}
+    # The replica's fence file (webhook/executor/fence.py); None: no fence
+    slurmedic_fence: Annotated[str, StringConstraints(pattern=FENCE.pattern)] | None = None
 
 
 class DrainVars(_Vars):
@@ -96,6 +100,12 @@ class RunResult:
     # Slurm's state as the playbook read it (nodes' states; the job's state, restarts and
     # exclusion): what its commands change, before -> after (webhook/core/changes.py)
     before: dict[str, Any] = field(default_factory=dict)
+    # ... and as it read it once done (drain_nodes, requeue_job): what webhook/core/outcome.py
+    # checks against the decision
+    after: dict[str, Any] = field(default_factory=dict)
+    # Each act's time from its last check (the fence, Slurm's state) to its command's end, ms
+    windows: list[float] = field(default_factory=list)
+    fenced: bool = False  # an act refused: the replica's term may have ended
 
     @property
     def ok(self) -> bool:
@@ -113,6 +123,9 @@ class RunResult:
             **({"attempts": self.attempts} if len(self.attempts) > 1 else {}),
             **({"successor_nodes": self.successor_nodes} if self.successor_nodes else {}),
             **({"before": self.before} if self.before else {}),
+            **({"after": self.after} if self.after else {}),
+            **({"windows_ms": self.windows} if self.windows else {}),
+            **({"fenced": True} if self.fenced else {}),
         }
 
 
@@ -185,7 +198,7 @@ def run_playbook(
     """Validate `extravars` for playbook `name`, run it (in check mode if asked, in the runs'
     cgroup if given one), report."""
     model = PLAYBOOK_VARS[name]
-    evars = model.model_validate(extravars).model_dump()
+    evars = model.model_validate(extravars).model_dump(exclude_none=True)
     try:
         return _run(
             name,
@@ -249,6 +262,11 @@ def _run(
                 result.unreachable.append(host)
             if ev.get("event") == "runner_on_ok" and data.get("res", {}).get("changed"):
                 result.changed.append(str(data.get("task")))
+            if data.get("task_action") == ACT and ev.get("event") in OUTCOMES:
+                res = data.get("res", {})
+                if isinstance(res.get("window_ms"), int | float):
+                    result.windows.append(float(res["window_ms"]))
+                result.fenced = result.fenced or bool(res.get("fenced"))
         stats = reported(events)
         result.commands = [str(c) for c in stats.get("slurmedic_commands", [])]
         result.successor_nodes = [str(n) for n in stats.get("slurmedic_successor_nodes", [])]
@@ -256,6 +274,8 @@ def _run(
         result.before = (
             {str(k): str(v) for k, v in before.items()} if isinstance(before, dict) else {}
         )
+        after = stats.get("slurmedic_after", {})
+        result.after = after if isinstance(after, dict) else {}
         diagnostics = stats.get("slurmedic_diagnostics", {})
         result.diagnostics = {str(h): d for h, d in diagnostics.items() if isinstance(d, dict)}
         result.output = r.stdout.read() if r.stdout else ""

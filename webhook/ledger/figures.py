@@ -54,6 +54,14 @@ class VerdictCount:
 
 
 @dataclass(frozen=True)
+class Mismatches:
+    """How many decisions of one action Slurm showed otherwise after their run."""
+
+    action: str
+    n: int
+
+
+@dataclass(frozen=True)
 class Figures:
     decisions: list[DecisionCount]
     outcomes: list[Outcomes]
@@ -62,3 +70,4 @@ class Figures:
     waiting_since: list[datetime]  # when each decision awaiting approval was decided
     verdicts: list[VerdictCount]
     open_escalations: int  # escalations nobody has recorded a verdict on
+    mismatches: list[Mismatches]

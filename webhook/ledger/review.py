@@ -203,8 +203,8 @@ def alerts_by_fingerprint(ledger: Ledger, fingerprints: Sequence[str]) -> dict[s
 
 
 def needs_human(ledger: Ledger, since: datetime) -> list[Open]:
-    """Decisions that wait for a human: approvals, and escalations since `since` that nobody
-    has recorded a verdict on yet."""
+    """Decisions that wait for a human: approvals, and escalations and mismatches (Slurm showed
+    otherwise after a run) since `since` that nobody has recorded a verdict on yet."""
     judged = select(VerdictRow.decision_id)
     with ledger.session() as s:
         rows = s.scalars(
@@ -212,8 +212,10 @@ def needs_human(ledger: Ledger, since: datetime) -> list[Open]:
             .where(
                 or_(
                     DecisionRow.state == AWAITING_APPROVAL,
-                    (DecisionRow.action == "escalate")
-                    & (DecisionRow.state != SUPERSEDED)
+                    (
+                        (DecisionRow.action == "escalate") & (DecisionRow.state != SUPERSEDED)
+                        | DecisionRow.mismatch.is_not(None)
+                    )
                     & (DecisionRow.at >= since)
                     & DecisionRow.id.not_in(judged),
                 )
@@ -221,9 +223,12 @@ def needs_human(ledger: Ledger, since: datetime) -> list[Open]:
             .order_by(DecisionRow.id)
         ).all()
         return [
-            Open(r.id, r.incident, r.job, r.action, r.cause, r.guard, r.state, r.reason, _utc(r.at))
+            Open(
+                r.id, r.incident, r.job, r.action, r.cause, r.guard, r.state, r.reason,
+                _utc(r.at), r.mismatch,
+            )
             for r in rows
-        ]
+        ]  # fmt: skip
 
 
 def trial_rows(ledger: Ledger, since: datetime, until: datetime) -> list[Judged]:

@@ -123,6 +123,9 @@ class DecisionRow(Base):
     # A requeue's nodes where the failure it answered happened (Decision.failed_on); since
     # 0010. None before: read from its evidence's first node.
     failed_on: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    # What Slurm showed after the run that did not match the decision (a double requeue, a
+    # drain whose reason is not its own: webhook/core/outcome.py); since 0011.
+    mismatch: Mapped[str | None] = mapped_column(String(500), nullable=True)
 
 
 class FailureRow(Base):

@@ -66,6 +66,7 @@ from webhook.ledger import migrate
 from webhook.ledger.figures import (
     DecisionCount,
     Figures,
+    Mismatches,
     Outcomes,
     Recovery,
     Timing,
@@ -467,6 +468,22 @@ class Ledger:
                 raise KeyError(decision_id)
             s.add(DecisionEvent(decision_id=decision_id, at=at, state=NOTE, detail=detail))
 
+    def record_mismatch(self, decision_id: int, what: str, at: datetime) -> None:
+        """What Slurm showed after a run that does not match the decision (webhook/core/
+        outcome.py): kept on the row (an escalation until someone records a verdict) and as a
+        note. Not fenced: a leader whose term ended records what its stale act did."""
+        with self.session.begin() as s:
+            row = s.get(DecisionRow, decision_id)
+            if row is None:
+                raise KeyError(decision_id)
+            row.mismatch = what[:500]
+            s.add(
+                DecisionEvent(
+                    decision_id=decision_id, at=at, state=NOTE,
+                    detail={"by": "executor", "mismatch": what},
+                )
+            )  # fmt: skip
+
     # ---- settings (webhook/ledger/settings.py) ---------------------------------------------
     def setting(self, kind: type[S]) -> S:
         """The setting `kind` as last written, or its defaults when never written.
@@ -853,7 +870,15 @@ class Ledger:
                 )
                 or 0
             )
-        return Figures(counts, outcomes, timings, recoveries, waiting, verdicts, escalations)
+            mismatches = [
+                Mismatches(action, n)
+                for action, n in s.execute(
+                    select(d.action, func.count()).where(d.mismatch.is_not(None)).group_by(d.action)
+                ).all()
+            ]
+        return Figures(
+            counts, outcomes, timings, recoveries, waiting, verdicts, escalations, mismatches
+        )
 
     def record_begins(self) -> datetime | None:
         """When this ledger's record begins: its first notification (None while it has none)."""

@@ -8,6 +8,10 @@ leader then steps its LiveLoop. A term that ends (renewal refused, the ledger un
 claim refused: LostLease) drops the loop with everything it held in memory; a later term
 builds a new one from the ledger, as a restart does, and picks up the runs the old leader
 left `running` (the playbooks are idempotent).
+
+The lease fences the ledger; the replica's fence (webhook/executor/fence.py) carries it to
+Slurm: each renewal moves it on, an ended term revokes it, and its playbooks act only before it
+runs out.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Callable
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from webhook.executor.fence import Fence
 from webhook.executor.fitness import unfit_to_run
 from webhook.ledger.leases import LostLease, Term
 from webhook.ledger.settings import CorruptSetting
@@ -42,9 +47,14 @@ class Replica:
         *,
         lease_seconds: float = 15.0,
         fitness: Callable[[], str | None] = unfit_to_run,
+        fence: Fence | None = None,
     ) -> None:
         self.ledger, self.name, self.make_loop = ledger, name, make_loop
         self.lease_seconds = lease_seconds
+        self.fence = fence
+        # What the fence keeps back from the lease: the clocks of the hosts the playbooks run
+        # on may be this far ahead of this one's.
+        self.fence_margin = lease_seconds / 5
         # Why this host cannot run playbooks now (its disk full), or None: a replica that
         # cannot carry out decisions does not lead, so one that can takes over.
         self.fitness = fitness
@@ -78,7 +88,9 @@ class Replica:
                     log.error("busy for over %.0f s: the lease lapses", self.step_limit)
                     continue
                 try:
+                    asked = time.time()
                     if self.ledger.leases.renew(term, self.lease_seconds):
+                        self._fence_until(asked)
                         self.ledger.leases.beat(self.name, loop=True, leading=True)
                 except SQLAlchemyError as e:
                     log.error("renewing the lease failed: %s", str(e).splitlines()[0])
@@ -100,6 +112,7 @@ class Replica:
                 log.error("%s cannot run playbooks (%s): not leading", self.name, unfit)
             self.unfit = unfit
         term: Term | None = None
+        asked = time.time()
         # A leader that cannot run playbooks any more, with runs in flight: they finish under
         # its term (released now, the next leader would run them again beside them). It
         # starts nothing new, and ends its term once they have.
@@ -111,6 +124,7 @@ class Replica:
                 # Unreachable: the term cannot be renewed, so it must be treated as ending now.
                 log.error("the ledger did not answer (%s): not leading", str(e).splitlines()[0])
         if winding_down and dispatcher is not None and term is not None and term == self.term:
+            self._fence_until(asked)  # its runs in flight act under the term they began in
             dispatcher.abandon()
             with contextlib.suppress(SQLAlchemyError):
                 self.ledger.leases.beat(self.name, loop=True, leading=True)
@@ -122,6 +136,8 @@ class Replica:
                 self.term = term
             if term is not None:
                 log.info("%s leads (term %d)", self.name, term.token)
+        if term is not None:
+            self._fence_until(asked)
         try:
             self.ledger.leases.beat(self.name, loop=True, leading=term is not None)
         except SQLAlchemyError as e:
@@ -151,12 +167,23 @@ class Replica:
             with self.lock:
                 self.busy_since = None
 
+    def _fence_until(self, asked: float) -> None:
+        """The term was renewed (or taken) by a statement sent after `asked` (this host's
+        clock): the database set its end a lease after, at the earliest."""
+        if self.fence is not None:
+            self.fence.extend(asked + self.lease_seconds - self.fence_margin)
+
+    def _revoke(self) -> None:
+        if self.fence is not None:
+            self.fence.revoke()
+
     def _drop(self, why: str) -> None:
         """Forget the loop of a term that ended, and end the term (a follower need not wait
         for it to expire when it was still running); runs the loop started finish (a playbook
         is not cut off half-way), but it starts none, and its writes are refused."""
         with self.lock:
             term, self.term = self.term, None
+            self._revoke()  # first: a run in flight acts on nothing from now on
         if self.loop is not None:
             log.warning("%s stops leading (%s): the loop is dropped", self.name, why)
             self.loop.stopping.set()
@@ -189,6 +216,7 @@ class Replica:
             self.loop.dispatcher.close()
         with self.lock:
             term, self.term, self.busy_since = self.term, None, None
+            self._revoke()
         self.finished.set()
         if term is not None:
             try:
