@@ -18,8 +18,9 @@ from typing import Any
 import requests
 import yaml
 
-from lab import api, monitoring, postgres, processes
+from lab import api, manage, monitoring, postgres, processes
 from lab.config import LabConfig
+from lab.slurm import slurm
 from tests.lab.conftest import (
     eventually,
     job_story,
@@ -44,6 +45,7 @@ class Replicas:
     argv: dict[str, list[str]]
     disks: dict[str, Disk]  # each replica's TMPDIR
     sends_failed_before: int = 0  # Alertmanagers' failed sends to slurmedic at the start
+    paused_at: float = 0.0  # when `paused_after` last paused a replica (time.monotonic())
 
     def daemon(self, name: str) -> str:
         return "slurmedic" if name == "a" else f"slurmedic-{name}"
@@ -152,9 +154,23 @@ def paused_after(r: Replicas, name: str, argv: list[str], timeout: float = 120) 
                 # A looped task's items report each of theirs.
                 done = event.get("event") in ("runner_on_ok", "runner_item_on_ok")
                 if done and res.get("cmd") == argv:
-                    return r.pause_tree(name, True)
+                    stopped = r.pause_tree(name, True)
+                    r.paused_at = time.monotonic()
+                    return stopped
         time.sleep(0.005)
     raise AssertionError(f"no run of {name} carried out {argv} within {timeout:.0f} s")
+
+
+def mended(cfg: LabConfig, node: str) -> None:
+    """A person mends `node` and puts it back in service: its fault cleared, and its GPU alerts
+    resolved first (resumed while one still fires, slurmedic rightly drains it again)."""
+    manage.clear(cfg, node)
+    eventually(
+        lambda: not [a for a in api.alerts(cfg, signal="gpu_hw") if node in a["labels"].values()],
+        timeout=120,
+        what=f"{node}'s GPU alerts resolved",
+    )
+    slurm(cfg, "scontrol", "update", f"nodename={node}", "state=resume")
 
 
 def deliver_to(cfg: LabConfig, ports: list[int]) -> None:
@@ -283,9 +299,19 @@ def claims(ledger: Ledger, row: DecisionRow) -> list[dict[str, Any]]:
     return [e.detail for e in found[1] if e.state == RUNNING]
 
 
-def carried_out(ledger: Ledger, incident: str) -> Callable[[], dict[str, DecisionRow]]:
+def carried_out(
+    ledger: Ledger, incident: str, *, others: bool = False
+) -> Callable[[], dict[str, DecisionRow]]:
+    """The incident's drain and requeue once both are final; `others`: beside decisions of
+    other actions (a bench's later rounds on the same ledger, where the node's failures
+    repeat and are escalated too)."""
+
     def done() -> dict[str, DecisionRow]:
-        rows = {r.action: r for r in incident_rows(ledger, incident)}
+        rows = {
+            r.action: r
+            for r in incident_rows(ledger, incident)
+            if not others or r.action in ("drain", "requeue")
+        }
         ready = set(rows) == {"drain", "requeue"} and all(
             r.state in ("executed", "failed") for r in rows.values()
         )

@@ -22,7 +22,7 @@ import pytest
 
 from lab import manage
 from lab.config import LabConfig
-from lab.slurm import node_states, slurm
+from lab.slurm import node_states
 from tests.lab.conftest import PLAYBOOK_RUN_S, eventually, job_story, next_attempt
 from tests.lab.replicas import (
     LEASE,
@@ -31,6 +31,7 @@ from tests.lab.replicas import (
     carried_out,
     claims,
     executed_once,
+    mended,
     paused_after,
     reached,
     replicas,
@@ -219,13 +220,14 @@ def test_a_leader_paused_before_its_drain_does_not_drain_again_a_node_a_person_r
         )
         assert [r.mismatch for r in pair.ledger.rows([rows["drain"].id])] == [None]
         # A person has looked at the node and put it back in service.
-        manage.clear(lab_cfg, bad)
-        slurm(lab_cfg, "scontrol", "update", f"nodename={bad}", "state=resume")
+        mended(lab_cfg, bad)
         eventually(lambda: not drained(lab_cfg, bad), what=f"{bad} resumed")
     finally:
         woken(pair, leader, stopped, follower)
+    # One drain for the incident in Slurm's log: the woken leader's was refused. (slurmedic
+    # may rightly drain the node again for a failure of its own once the job left it, as a
+    # repeat: its reason names the node, not the job.)
     assert slurm_actions(lab_cfg, job, bad)[1] == 1, job_story(lab_cfg, job)
-    assert not drained(lab_cfg, bad), node_states(lab_cfg)[bad]
 
 
 def test_lab_postgres_gives_a_database_replicas_can_share(lab_cfg: LabConfig) -> None:
