@@ -156,5 +156,6 @@ def test_the_series_are_the_documented_ones(server: Server) -> None:
         "slurmedic_approvals_waiting",
         "slurmedic_approval_oldest_age_seconds",
         "slurmedic_escalations_open",
+        "slurmedic_action_mismatches",
         "slurmedic_verdicts",
     }
