@@ -143,8 +143,9 @@ def paused_after(r: Replicas, name: str, argv: list[str], timeout: float = 120) 
     """Pause replica `name`'s whole tree the moment one of its playbook runs has carried out
     `argv` (a plan's read of Slurm, as the run itself reports it: where a real pause could
     fall); the processes stopped."""
-    deadline, seen = time.monotonic() + timeout, set()
-    while time.monotonic() < deadline:
+    seen: set[Path] = set()
+
+    def read_done() -> bool:
         for run in r.runs(name):
             for path in run.glob("artifacts/*/job_events/*.json"):
                 if path in seen or (event := event_of(path)) is None:
@@ -154,11 +155,14 @@ def paused_after(r: Replicas, name: str, argv: list[str], timeout: float = 120) 
                 # A looped task's items report each of theirs.
                 done = event.get("event") in ("runner_on_ok", "runner_item_on_ok")
                 if done and res.get("cmd") == argv:
-                    stopped = r.pause_tree(name, True)
-                    r.paused_at = time.monotonic()
-                    return stopped
-        time.sleep(0.005)
-    raise AssertionError(f"no run of {name} carried out {argv} within {timeout:.0f} s")
+                    return True
+        return False
+
+    # The event is the run's own; polled often, the act being a few tasks later.
+    eventually(read_done, timeout=timeout, interval=0.005, what=f"a run of {name} doing {argv}")
+    stopped = r.pause_tree(name, True)
+    r.paused_at = time.monotonic()
+    return stopped
 
 
 def mended(cfg: LabConfig, node: str) -> None:
