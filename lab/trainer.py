@@ -88,8 +88,14 @@ class Rank:
         timeout = self.args.nccl_timeout
         polls = 0
         while any(self.peer_step(r) < step for r in range(self.world)):
+            f = self.fault() if polls % 10 == 0 else None
+            # A crash meant for this rank surfaces inside the collective too (a CUDA error is
+            # reported at whatever call comes next): waiting for a peer that already died of
+            # the same fault must not turn this rank's crash into a timeout.
+            if f is not None and f.kind.startswith("crash"):
+                self.crash(f, step)
             # `timeout_now`: a test says when the watchdog fires, rather than a clock.
-            forced = polls % 10 == 0 and (f := self.fault()) is not None and f.kind == "timeout_now"
+            forced = f is not None and f.kind == "timeout_now"
             if forced or time.monotonic() - start > timeout:
                 self.nccl_watchdog_abort(step, int((time.monotonic() - start) * 1000))
             polls += 1
