@@ -369,7 +369,7 @@ def start_slurmedic(cfg: LabConfig, policy: Path | None = None) -> None:
         argv.append(f"--policy={policy}")
     processes.start(cfg, "slurmedic", argv)
     url = f"{cfg.url(cfg.receiver_port)}/readyz"
-    if not processes.wait_until(lambda: requests.get(url, timeout=1).status_code == 200, 20, 0.2):
+    if not processes.wait_until(lambda: requests.get(url, timeout=1).status_code == 200, 60, 0.2):
         raise LabError(f"slurmedic is not ready at {url}; see {cfg.logs}/slurmedic.out")
 
 

@@ -7,14 +7,14 @@ keep working. A file that is not a valid scenario raises ScenarioError naming th
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
-from datetime import datetime
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import hostlist
 from pydantic import (
     AfterValidator,
+    AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
@@ -26,6 +26,7 @@ from webhook.core.alerts import Alert, Payload, wrap
 from webhook.core.cluster import ACTIVE_STATES, JOB_BASE_STATES, NODE_NAME, ClusterView, Job, Node
 from webhook.core.decisions import Decision, PastAction
 from webhook.core.engine import Engine
+from webhook.core.node_names import Unmatched
 from webhook.core.policy import PolicyError, load_policy
 from webhook.core.signals import SIGNALS
 from webhook.core.validation import describe
@@ -61,7 +62,8 @@ Hostlist = Annotated[str, AfterValidator(_hostlist)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # A misspelled key (`swtiches:`) is an error naming it, never a setting silently lost.
+    model_config = ConfigDict(extra="forbid")
 
 
 class NodeGroup(_Model):
@@ -87,8 +89,8 @@ class JobSpec(_Model):
     requeue: bool = True
     restarts: int = Field(default=0, ge=0)
     comment: str = ""
-    started: datetime | None = None
-    ended: datetime | None = None  # a job that ended before the scenario starts: when
+    started: AwareDatetime | None = None
+    ended: AwareDatetime | None = None  # a job that ended before the scenario starts: when
 
 
 class ClusterSpec(_Model):
@@ -99,13 +101,16 @@ class ClusterSpec(_Model):
 
 class JobChange(_Model):
     id: int
+    name: str | None = None
+    user: str | None = None
+    partition: str | None = None
     state: str | None = None
     nodes: Hostlist | None = None
     restarts: int | None = Field(default=None, ge=0)
     comment: str | None = None
     requeue: bool | None = None
-    started: datetime | None = None  # a requeued attempt's start
-    ended: datetime | None = None
+    started: AwareDatetime | None = None  # a requeued attempt's start
+    ended: AwareDatetime | None = None
 
 
 class ClusterChange(_Model):
@@ -114,7 +119,7 @@ class ClusterChange(_Model):
 
 
 class Event(_Model):
-    at: datetime
+    at: AwareDatetime
     alerts: list[Alert] | None = None
     payload: Payload | None = None
     cluster: ClusterChange | None = None
@@ -130,7 +135,7 @@ class Event(_Model):
 
 
 class HistoryEntry(_Model):
-    at: datetime
+    at: AwareDatetime
     # `recovered`: a recovery check saw the job train again after a requeue.
     action: Literal["drain", "requeue", "stop", "escalate", "resume", "none", "recovered"]
     job: int | None = None
@@ -141,15 +146,24 @@ class HistoryEntry(_Model):
 
 
 class Scenario(_Model):
+    # Keys of its own at the top (a site's notes, tags) are kept and ignored; `unknown` names
+    # them, so that a misspelled one is said.
+    model_config = ConfigDict(extra="allow")
+
     name: str = Field(min_length=1)
     description: str = ""
-    start: datetime
-    until: datetime
+    start: AwareDatetime
+    until: AwareDatetime
     policy: dict[str, Any] | None = None
     cluster: ClusterSpec
     history: list[HistoryEntry] = []
     events: list[Event] = []
     expect: dict[str, Any] | None = None
+
+    @property
+    def unknown(self) -> list[str]:
+        """Top-level keys the format does not have (kept, and ignored)."""
+        return sorted(self.model_extra or {})
 
     @model_validator(mode="after")
     def _times(self) -> Scenario:
@@ -237,7 +251,7 @@ def build_view(spec: ClusterSpec) -> ClusterView:
     return view
 
 
-def apply_change(view: ClusterView, change: ClusterChange, at: datetime) -> None:
+def apply_change(view: ClusterView, change: ClusterChange, at: AwareDatetime) -> None:
     for group in change.nodes:
         for n in _expand(group.names):
             old = view.nodes.get(n)
@@ -261,7 +275,20 @@ def apply_change(view: ClusterView, change: ClusterChange, at: datetime) -> None
         view.set_job(new_job)
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """What a replay decided, and the hosts its alerts named that are no node of the cluster
+    (never acted on; NodeNames.hint says what would match)."""
+
+    decisions: list[Decision]
+    unmatched: list[Unmatched]
+
+
 def run(scenario: Scenario) -> list[Decision]:
+    return replay(scenario).decisions
+
+
+def replay(scenario: Scenario) -> Replayed:
     try:
         policy = load_policy(scenario.policy, prefix="policy.")
     except PolicyError as e:
@@ -300,7 +327,8 @@ def run(scenario: Scenario) -> list[Decision]:
             engine.take_rejudged()
         else:
             break
-    return decisions
+    unmatched = engine.take_unmatched()
+    return Replayed(decisions, unmatched)
 
 
 def supersede(earlier: list[Decision], new: list[Decision]) -> list[Decision]:
@@ -316,9 +344,19 @@ def supersede(earlier: list[Decision], new: list[Decision]) -> list[Decision]:
     return kept + new
 
 
-def replay_json(path: Path) -> dict[str, Any]:
-    scenario = load(path)
-    return {"scenario": scenario.name, "decisions": [d.to_json() for d in run(scenario)]}
+def replay_json(path: Path | Scenario) -> dict[str, Any]:
+    scenario = load(path) if isinstance(path, Path) else path
+    done = replay(scenario)
+    out: dict[str, Any] = {
+        "scenario": scenario.name,
+        "decisions": [d.to_json() for d in done.decisions],
+    }
+    if done.unmatched:  # an extension of the contract: only there when there are any
+        out["unmatched"] = [
+            {"host": u.host, "alerts": u.alerts, "alertname": u.alertname, "hint": u.hint}
+            for u in done.unmatched
+        ]
+    return out
 
 
 def matches(decision: dict[str, Any], want: dict[str, Any], *, overlap: bool) -> bool:

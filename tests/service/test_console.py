@@ -444,3 +444,33 @@ def test_a_kept_backtest_is_listed_and_shown_in_full(
     assert "101.0" in html and "bad HBM" in html and "resubmitted" in html
     assert "cable check" in html and "alert annotations are not kept" in html
     assert client.get("/console/backtest/999").status_code == 404
+
+
+def test_alerts_naming_no_node_are_shown_and_counted(
+    setup: tuple[FlaskClient, Ledger, list[int]],
+) -> None:
+    client, ledger, _ = setup
+    assert metric(client, "slurmedic_alerts_unmatched_total") == {
+        "slurmedic_alerts_unmatched_total": 0.0
+    }
+    login(client, "vera")
+    page = client.get("/console/").get_data(as_text=True)
+    assert "no node of the cluster" not in page
+    from webhook.core.node_names import Unmatched as Seen
+    from webhook.ledger.settings import Unmatched
+
+    fqdn = "gpu01.cluster.example.org"
+
+    seen = Seen(
+        fqdn, "GpuXidNodeFault", "its short name gpu01 is a node: set node_names.strip_domain", T
+    )
+    seen.alerts, seen.last = 4, T
+    ledger.put(Unmatched().add([seen]), T)
+    assert metric(client, "slurmedic_alerts_unmatched_total") == {
+        "slurmedic_alerts_unmatched_total": 4.0
+    }
+    assert metric(client, "slurmedic_unmatched_hosts") == {"slurmedic_unmatched_hosts": 1.0}
+    page = client.get("/console/").get_data(as_text=True)
+    assert "4 alerts named a host that is no node of the cluster" in page
+    assert f"<code>{fqdn}</code>: 4 (GpuXidNodeFault)" in page
+    assert "set node_names.strip_domain" in page

@@ -15,11 +15,10 @@ import threading
 from pathlib import Path
 
 import pytest
-import requests
 
 from lab.processes import is_alive, parent_of
 from tests.lab.conftest import eventually
-from tests.local_server import comm, serve_children, start_server, stop_server
+from tests.local_server import comm, loop_runs, serve_children, start_server, stop_server
 from webhook.cli.keeper import KEEPER_NAME, LOOP_NAME, Keeper, KeeperGone
 
 
@@ -75,9 +74,9 @@ def test_with_its_keeper_killed_serve_starts_its_loop_as_a_process_of_its_own(
         assert parent_of(again) == server.proc.pid
         assert b"loop" in Path(f"/proc/{again}/cmdline").read_bytes().split(b"\0")
         eventually(
-            lambda: requests.get(f"{server.url}/readyz", timeout=5).status_code == 200,
+            lambda: loop_runs(server.url),
             timeout=60,
-            what="/readyz 200 again",
+            what="/readyz: the loop runs again",
         )
         log = (tmp_path / "serve.out").read_text()
         assert f"the loop's parent (pid {keeper}: serve, or its keeper) is gone" in log, log
@@ -106,7 +105,7 @@ def test_a_hangup_of_serve_s_terminal_stops_neither_its_keeper_nor_its_loop(
         )
         assert is_alive(keeper) and is_alive(loop)
         assert serve_children(server.proc.pid, loop=True) == [loop]
-        assert requests.get(f"{server.url}/readyz", timeout=5).status_code == 200
+        assert loop_runs(server.url)
         assert "keeper is gone" not in (tmp_path / "serve.out").read_text()
     finally:
         stop_server(server.proc)

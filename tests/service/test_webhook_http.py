@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 import requests
 
+from tests.lab.conftest import eventually
 from tests.local_server import TOKEN, Server, serve_children, start_server, stop_server
+from webhook.app.health import NO_VIEW
 from webhook.ledger.store import Ledger
 
 # Captured from Alertmanager 0.25 (shared/reference/alertmanager/), kept with the tests.
@@ -43,14 +45,32 @@ def payload(**label_overrides: str) -> dict[str, Any]:
 
 def test_health_and_readiness(server: Server) -> None:
     assert requests.get(f"{server.url}/healthz", timeout=5).json() == {"status": "ok"}
-    ready = requests.get(f"{server.url}/readyz", timeout=5).json()
-    # One replica alone: it leads.
+    tmp = Path(server.db.removeprefix("sqlite:///")).parent
+    r = eventually(
+        lambda: (
+            (r := requests.get(f"{server.url}/readyz", timeout=5)).json()["reason"] != NO_VIEW
+            and (r.status_code, r.json())
+        ),
+        timeout=30,
+        what="the loop's first heartbeat",
+    )
+    assert isinstance(r, tuple)
+    code, ready = r
+    # One replica alone: it leads. Its loop runs, but this server has no Slurm (its slurm_conf
+    # names no file): a leader that cannot see the cluster decides nothing, so it is not
+    # ready, and says what Slurm's side said, at once.
+    assert code == 503
     assert ready == {
-        "status": "ready",
+        "status": "not ready",
         "replica": ready["replica"],
         "leader": ready["replica"],
         "leading": True,
+        "reason": f"{NO_VIEW}: Slurm said {tmp / 'no-slurm.conf'}: no such file "
+        "(SLURM_CONF, or the config's slurm_conf)",
     }
+    # /metrics says the same.
+    text = requests.get(f"{server.url}/metrics", timeout=5).text
+    assert "slurmedic_slurm_up 0.0" in text and "slurmedic_cluster_view_age_seconds +Inf" in text
 
 
 @pytest.mark.parametrize("token", [None, "wrong", TOKEN[:-1], ""])

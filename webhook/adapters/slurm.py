@@ -155,6 +155,11 @@ class SlurmCluster:
         self._release: Release | None = None
 
     def _run(self, *argv: str) -> str:
+        # Slurm's clients do not say at once that their config is missing: some look for a
+        # configless controller first, for as long as DNS takes. Said here, before them.
+        conf = self.env.get("SLURM_CONF")
+        if conf and not Path(conf).is_file():
+            raise SlurmError(f"{conf}: no such file (SLURM_CONF, or the config's slurm_conf)")
         return run_command(argv, self.env, TIMEOUT_S)
 
     def release(self) -> Release:
@@ -206,7 +211,13 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> 
             timeout=timeout,
             check=False,
         )
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except subprocess.TimeoutExpired as e:
+        # What it said before it was stopped is often why it hung (a controller it cannot
+        # reach, a config it cannot read).
+        said = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        tail = f"; it said: {said.strip()[-300:]}" if said and said.strip() else ""
+        raise SlurmError(f"{' '.join(argv)}: no answer within {timeout:g} s{tail}") from e
+    except OSError as e:
         raise SlurmError(f"{argv[0]}: {e}") from e
     if out.returncode != 0:
         raise SlurmError(f"{' '.join(argv)}: {out.stderr.strip()[:300]}")

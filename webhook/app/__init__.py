@@ -12,6 +12,7 @@ from typing import Any
 from flask import Flask, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
+from webhook.ledger.settings import Heartbeat
 from webhook.ledger.store import Ledger
 from webhook.service.config import ServiceConfig
 
@@ -34,6 +35,10 @@ def create_app(config: ServiceConfig, ledger: Ledger | None = None) -> Flask:
         "replica": config.replica_name(),
         # A loop that has not beaten for this long is not running (/readyz).
         "loop_stale": max(config.replicas.lease_seconds, 3 * config.tick_seconds),
+        # The leader's loop writes its heartbeat every Heartbeat.EVERY; a view of the cluster
+        # older than this is stale (a few refreshes missed).
+        "tick_stale": max(config.replicas.lease_seconds, 3 * config.tick_seconds) + Heartbeat.EVERY,
+        "view_stale": max(30.0, 6 * config.cluster.refresh_seconds),
     }
 
     @app.before_request

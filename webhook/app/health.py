@@ -3,15 +3,18 @@ it can run playbooks)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from flask import Blueprint, current_app, jsonify
 from sqlalchemy.exc import SQLAlchemyError
 
 from webhook.executor.fitness import unfit_to_run
-from webhook.ledger.store import Unavailable
+from webhook.ledger.settings import CorruptSetting, Heartbeat
+from webhook.ledger.store import Ledger, Unavailable
 
 health = Blueprint("health", __name__)
+NO_VIEW = "the loop has not read the cluster from Slurm yet"
 
 
 @health.get("/healthz")
@@ -43,4 +46,25 @@ def readyz() -> Any:
         since = "never" if me is None or me.loop_age is None else f"{me.loop_age:.0f} s ago"
         reason = f"no loop runs for this replica (last beat: {since})"
         return jsonify(status="not ready", reason=reason, **body), 503
+    if body["leading"] and (why := _not_deciding(ledger, ext)) is not None:
+        return jsonify(status="not ready", reason=why, **body), 503
     return jsonify(status="ready", **body)
+
+
+def _not_deciding(ledger: Ledger, ext: dict[str, Any]) -> str | None:
+    """Why the leader's loop does not decide now: it has not completed a step lately, or its
+    view of the cluster is stale (Slurm's own answer, when it gave one). None: it decides."""
+    try:
+        beat = ledger.setting(Heartbeat)
+    except CorruptSetting as e:
+        return str(e)
+    now = time.time()
+    slurm = f": Slurm said {beat.slurm_error}" if beat.slurm_error else ""
+    if not beat.view_at:
+        return f"{NO_VIEW}{slurm}"
+    if now - beat.view_at > ext["view_stale"]:
+        return f"the cluster view is {now - beat.view_at:.0f} s old{slurm}"
+    if not beat.at or now - beat.at > ext["tick_stale"]:
+        since = "never" if not beat.at else f"{now - beat.at:.0f} s ago"
+        return f"the loop has not completed a step lately (last: {since})"
+    return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import os
 import struct
 import threading
@@ -46,6 +47,7 @@ from webhook.ledger.settings import (
     Nodes,
     S,
     Switch,
+    Unmatched,
 )
 from webhook.ledger.store import Ledger
 
@@ -337,7 +339,31 @@ class LedgerCollector(Collector):
         yield GaugeMetricFamily(
             "slurmedic_loop_last_tick_timestamp_seconds",
             "When the decision loop last completed a step (0: never).",
-            value=self._setting(Heartbeat).at,
+            value=(beat := self._setting(Heartbeat)).at,
+        )
+        yield GaugeMetricFamily(
+            "slurmedic_cluster_view_age_seconds",
+            "How old the loop's view of the cluster is: since it last read Slurm successfully "
+            "(+Inf: never).",
+            value=time.time() - beat.view_at if beat.view_at else math.inf,
+        )
+        yield GaugeMetricFamily(
+            "slurmedic_slurm_up",
+            "1 when the loop's last read of Slurm succeeded, 0 while it fails (its log and "
+            "/readyz say what Slurm answered).",
+            value=0 if beat.slurm_error or not beat.view_at else 1,
+        )
+        unmatched = self._setting(Unmatched)
+        yield CounterMetricFamily(
+            "slurmedic_alerts_unmatched",
+            "Alerts whose host is no node of the cluster: never acted on (node_names maps "
+            "host names to Slurm's).",
+            value=unmatched.alerts,
+        )
+        yield GaugeMetricFamily(
+            "slurmedic_unmatched_hosts",
+            "Hosts alerts named that are no node of the cluster (the last 100 kept).",
+            value=len(unmatched.hosts),
         )
         eligible = GaugeMetricFamily(
             "slurmedic_job_eligible",

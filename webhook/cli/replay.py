@@ -25,12 +25,22 @@ from webhook.replay import ScenarioError, load, replay_json, unmet
 def replay(scenario: Path, as_json: bool, check: bool) -> None:
     """Replay SCENARIO (YAML) through the decision core on a simulated clock."""
     try:
-        result = replay_json(scenario)
-        expect = load(scenario).expect if check else None
+        loaded = load(scenario)
+        result = replay_json(loaded)
     except ScenarioError as e:
         click.echo(f"slurmedic replay: {e}", err=True)
         raise SystemExit(2) from e
+    expect = loaded.expect if check else None
+    for key in loaded.unknown:
+        click.echo(f"slurmedic replay: {scenario}: {key}: not a key of the format", err=True)
     _print(result, as_json)
+    for u in result.get("unmatched", []):
+        hint = f" ({u['hint']})" if u["hint"] else ""
+        click.echo(
+            f"slurmedic replay: {u['alerts']} alert(s) named {u['host']}, which is no node of "
+            f"the cluster: not acted on{hint}",
+            err=True,
+        )
     if check:
         if not expect:
             click.echo(f"slurmedic replay: {scenario}: --check, but it has no expect:", err=True)

@@ -67,6 +67,7 @@ from webhook.core.evidence import Evidence, from_alert
 from webhook.core.failures import APP_XID, WATCHED_XIDS, Failure, FailureMemory
 from webhook.core.guards import decide, decide_recovery
 from webhook.core.incidents import IncidentKey, attempt_of
+from webhook.core.node_names import Unmatched
 from webhook.core.policy import SHARED, Policy
 from webhook.core.recovery import Verdict, Watch, remembered
 from webhook.core.shared_cause import FailingNodes, Judged, Judgement, SharedCauses
@@ -151,6 +152,8 @@ class Receipt:
     resolved: int
     rejected: tuple[str, ...]
     incidents: tuple[str, ...]
+    # The hosts its alerts named that are no node of the cluster (webhook.core.node_names).
+    unmatched: tuple[str, ...] = ()
 
 
 def signature(decisions: Iterable[Decision]) -> set[tuple[object, ...]]:
@@ -203,6 +206,8 @@ class Engine:
     _rejudged: set[str] = field(default_factory=set, init=False, repr=False)
     # Failures remembered since the ledger last took them (take_failures).
     _new_failures: list[Failure] = field(default_factory=list, init=False, repr=False)
+    # Alerts naming no node of the cluster since the last take_unmatched, by host.
+    _unmatched: dict[str, Unmatched] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._given = self.policy  # as the operator wrote it (learn_failure_rate)
@@ -358,6 +363,7 @@ class Engine:
         new = dup = resolved = 0
         rejected: list[str] = []
         touched: set[str] = set()
+        unmatched: set[str] = set()
         for alert in payload.alerts:
             if alert.status != "firing":
                 resolved += 1  # a resolved alert is not evidence of a failure
@@ -369,7 +375,10 @@ class Engine:
                 dup += 1
                 continue
             new += 1
-            ev = from_alert(alert, at, self.view)
+            ev = from_alert(alert, at, self.view, self.policy.node_names)
+            if ev.unmatched is not None:
+                self._tally(ev, at)
+                unmatched.add(ev.unmatched)
             if not ev.actionable:
                 rejected.append(f"{ev.alertname or alert.fingerprint}: {'; '.join(ev.problems)}")
                 continue
@@ -380,7 +389,25 @@ class Engine:
             ]
             targets = before or self._incidents_for(ev, at)
             touched |= self._route(ev, targets, at)
-        return Receipt(new, dup, resolved, tuple(rejected), tuple(sorted(touched)))
+        return Receipt(
+            new, dup, resolved, tuple(rejected), tuple(sorted(touched)), tuple(sorted(unmatched))
+        )
+
+    def _tally(self, ev: Evidence, at: datetime) -> None:
+        host = ev.unmatched
+        assert host is not None
+        seen = self._unmatched.get(host)
+        if seen is None:
+            hint = self.policy.node_names.hint(host, self.view.nodes)
+            seen = self._unmatched[host] = Unmatched(host, ev.alertname, hint, at)
+        seen.alerts += 1
+        seen.last = at
+
+    def take_unmatched(self) -> list[Unmatched]:
+        """The hosts alerts named since the last call that are no node of the cluster: for the
+        service to log, count and show (an alert that cannot be acted on is never silent)."""
+        taken, self._unmatched = self._unmatched, {}
+        return sorted(taken.values(), key=lambda u: u.host)
 
     def _route(self, ev: Evidence, targets: list[Incident], at: datetime) -> set[str]:
         """Give `ev` to its incidents: news for each (the keys). An application-class XID on a
@@ -436,7 +463,7 @@ class Engine:
         from them, as it would have been without the restart)."""
         for alert in payload.alerts:
             if alert.status == "firing":
-                self.failing.add(from_alert(alert, at, self.view))
+                self.failing.add(from_alert(alert, at, self.view, self.policy.node_names))
 
     def _news(self, incident: Incident, key: EvidenceKey, at: datetime) -> None:
         """Evidence arrived: look again a settle window from now (a stall's wait, or a

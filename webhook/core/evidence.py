@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from webhook.core.alerts import Alert
 from webhook.core.cluster import JOB_ID, ClusterView
 from webhook.core.failures import gpu_of
+from webhook.core.node_names import NodeNames
 from webhook.core.signals import SIGNALS
 from webhook.core.validation import is_number
 
@@ -58,6 +59,8 @@ class Evidence:
     slowdown: float | None = None
     # How long the slowdown had lasted when the alert fired (its rule's `for:`).
     slow_for: timedelta | None = None
+    # The host it names, when that is no node of the cluster (webhook.core.node_names).
+    unmatched: str | None = None
 
     @property
     def actionable(self) -> bool:
@@ -72,6 +75,7 @@ class Evidence:
         }
 
 
+VERBATIM = NodeNames()  # host names as Slurm spells them
 MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z
 LINE_SKEW = timedelta(minutes=15)
 
@@ -131,16 +135,24 @@ def line_time(alert: Alert) -> datetime | None:
     return at
 
 
-def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Evidence:
+def from_alert(
+    alert: Alert, received_at: datetime, view: ClusterView, names: NodeNames = VERBATIM
+) -> Evidence:
+    """What `alert` says, its host read as a node of `view` through the policy's `names`."""
     labels = alert.labels
     problems = []
     signal = labels.get("signal", "")
     if signal not in SIGNALS:
         problems.append(f"signal {signal!r} is not in the vocabulary" if signal else "no signal")
     raw_node = node_label(labels)
-    node = raw_node if raw_node is not None and view.valid_node(raw_node) else None
-    if raw_node is not None and node is None:
-        problems.append(f"node {raw_node[:80]!r} is not a node of the cluster")
+    found = names.resolve(raw_node, view.nodes) if raw_node is not None else None
+    node = found if found is not None and view.valid_node(found) else None
+    unmatched = raw_node[:80] if raw_node is not None and node is None else None
+    if unmatched is not None:
+        hint = names.hint(unmatched, view.nodes)
+        problems.append(
+            f"node {unmatched!r} is not a node of the cluster" + (f" ({hint})" if hint else "")
+        )
     raw_job = job_label(labels)
     job = int(raw_job) if raw_job is not None and JOB_ID.match(raw_job) else None
     if raw_job is not None and job is None:
@@ -167,4 +179,5 @@ def from_alert(alert: Alert, received_at: datetime, view: ClusterView) -> Eviden
         checkpoint_every=seconds(alert, "checkpoint_every"),
         slowdown=slowdown(alert),
         slow_for=seconds(alert, "slow_for"),
+        unmatched=unmatched,
     )

@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from webhook.core import durations
+from webhook.core.node_names import NodeNames
 from webhook.core.validation import describe
 
 Mode = Literal["monitor", "approve", "enforce"]
@@ -224,6 +225,8 @@ class Policy(_Strict):
     # the guards' history) once nothing can change it. Unset: the longest window a decision
     # looks back over (`windows`); never shorter than one.
     retention: Duration | None = None
+    # How alerts' host names become Slurm's node names (a domain stripped, rewrites).
+    node_names: NodeNames = NodeNames()
 
     def windows(self) -> dict[str, timedelta]:
         """The windows decisions look back over, by key: what the engine must remember."""

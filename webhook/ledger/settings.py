@@ -10,9 +10,12 @@ half-understood dict. The JSON stored is the one earlier releases wrote.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel
+
+from webhook.core import node_names as core
 
 
 class _Value(BaseModel):
@@ -39,11 +42,15 @@ class Switch(_Value):
 
 
 class Heartbeat(_Value):
-    """When the live loop last completed a step (Unix seconds; 0: never)."""
+    """When the live loop last completed a step, and last read the cluster from Slurm (Unix
+    seconds; 0: never); what Slurm said when a read last failed, while it fails."""
 
     key: ClassVar[str] = "loop"
     repair: ClassVar[str] = "the live loop writes it anew within seconds"
+    EVERY: ClassVar[float] = 5.0  # seconds between writes
     at: float = 0.0
+    view_at: float = 0.0
+    slurm_error: str = ""
 
 
 class JobSeen(_Value):
@@ -90,9 +97,44 @@ class Modes(_Value):
     repeats_apart_seconds: float = 3600
 
 
-SETTINGS = (Breaker, Switch, Heartbeat, Jobs, Nodes, Modes)
-Setting = Breaker | Switch | Heartbeat | Jobs | Nodes | Modes
-S = TypeVar("S", Breaker, Switch, Heartbeat, Jobs, Nodes, Modes)
+class HostSeen(_Value):
+    alertname: str = ""
+    hint: str = ""
+    alerts: int = Field(default=0, ge=0)
+    first: AwareDatetime
+    last: AwareDatetime
+
+
+class Unmatched(_Value):
+    """Alerts that named a host which is no node of the cluster (webhook.core.node_names): how
+    many in all, and the last MAX_HOSTS hosts seen."""
+
+    key: ClassVar[str] = "unmatched"
+    repair: ClassVar[str] = "delete its row: the live loop counts anew from the next such alert"
+    MAX_HOSTS: ClassVar[int] = 100
+    alerts: int = Field(default=0, ge=0)
+    hosts: dict[str, HostSeen] = {}
+
+    def add(self, seen: Iterable[core.Unmatched]) -> Unmatched:
+        """These counts added; the hosts seen last kept."""
+        hosts, alerts = dict(self.hosts), self.alerts
+        for u in seen:
+            old = hosts.pop(u.host, None)
+            hosts[u.host] = HostSeen(
+                alertname=old.alertname if old else u.alertname,
+                hint=u.hint,
+                alerts=(old.alerts if old else 0) + u.alerts,
+                first=old.first if old else u.first,
+                last=u.last or u.first,
+            )
+            alerts += u.alerts
+        kept = sorted(hosts.items(), key=lambda kv: kv[1].last)[-self.MAX_HOSTS :]
+        return Unmatched(alerts=alerts, hosts=dict(kept))
+
+
+SETTINGS = (Breaker, Switch, Heartbeat, Jobs, Nodes, Modes, Unmatched)
+Setting = Breaker | Switch | Heartbeat | Jobs | Nodes | Modes | Unmatched
+S = TypeVar("S", Breaker, Switch, Heartbeat, Jobs, Nodes, Modes, Unmatched)
 
 
 class CorruptSetting(ValueError):

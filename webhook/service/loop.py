@@ -41,6 +41,7 @@ from webhook.ledger.settings import (
     Nodes,
     NodeSeen,
     Switch,
+    Unmatched,
 )
 from webhook.ledger.store import Ledger
 from webhook.service.notify import Notifier
@@ -58,6 +59,7 @@ LATE_IDS = 1000  # how far back the loop looks again for alert rows committed la
 # largest read for the rest of the process: 22,000 alerts read 5,000 at a time left the loop
 # 20 MB larger, 1,000 at a time 12 MB, for the same CPU (docs/peer-eda.md).
 READ_BATCH = 1000
+SLURM_ERROR_EVERY = 300.0  # seconds between log lines of a Slurm error that lasts
 
 
 def monitor_forced(ledger: Ledger) -> bool:
@@ -113,7 +115,11 @@ class LiveLoop:
         self.refresh_seconds = refresh_seconds
         self.last_alert = 0
         self.fed: set[int] = set()  # ids fed within LATE_IDS of last_alert
-        self.view_at = 0.0
+        self.told: set[str] = set()  # hosts logged as no node of the cluster
+        self.view_at = 0.0  # monotonic: the last try
+        self.view_wall: datetime | None = None  # the last success, on the clock
+        self.slurm_error, self.slurm_error_told = "", 0.0
+        self.ticked_at = 0.0  # when the last step completed (Unix seconds; 0: never)
         now = clock()
         self.started = now
         view = self._view()
@@ -183,18 +189,35 @@ class LiveLoop:
         while self._feed(since=self.started - REPLAY_HORIZON):
             pass
         self.caught_up = True
+        # Counted when they first came (before the restart): only said again here.
+        self._report_unmatched(count=False)
 
     def _view(self) -> ClusterView | None:
+        self.view_at = time.monotonic()  # tried: the next try a refresh interval from now
         try:
             view = self.view_source()
         except SlurmError as e:  # Slurm unreachable, or output of a release it cannot read
-            log.error("cluster view refresh failed: %s; keeping the last one", e)
+            self._slurm_failed(str(e))
             return None
-        except Exception:  # the adapter's failure must not stop the loop: keep the last view
+        except Exception as e:  # the adapter's failure must not stop the loop: keep the last
             log.exception("cluster view refresh failed; keeping the last one")
+            self._slurm_failed(f"{type(e).__name__}: {e}", logged=True)
             return None
-        self.view_at = time.monotonic()
+        if self.slurm_error:
+            log.info("Slurm answers again: the cluster view is current")
+        self.slurm_error, self.view_wall = "", self.clock()
         return view
+
+    def _slurm_failed(self, error: str, *, logged: bool = False) -> None:
+        """Said when it starts, when what Slurm says changes, and every SLURM_ERROR_EVERY while
+        it lasts (not at every refresh); /readyz and /metrics show it meanwhile."""
+        now = time.monotonic()
+        due = error != self.slurm_error or now >= self.slurm_error_told + SLURM_ERROR_EVERY
+        if due and not logged:
+            age = "never read" if self.view_wall is None else f"read {self.view_wall:%H:%M:%S}"
+            log.error("reading the cluster from Slurm failed: %s (the view kept: %s)", error, age)
+            self.slurm_error_told = now
+        self.slurm_error = error
 
     def _feed(self, since: datetime | None = None) -> int:
         # Ids are read again a window back (LATE_IDS): with several replicas writing, a row
@@ -241,10 +264,12 @@ class LiveLoop:
             self._learn()
         if not self.caught_up:
             if not self.engine.view.nodes:
+                self._beat()  # no step without a view: /readyz and /metrics say why
                 return []
             self._catch_up()
         while self._feed():
             pass
+        self._report_unmatched()
         if self.stopping.is_set():  # told to stop while it read: what it read waits in the ledger
             return []
         self._sync_breaker()
@@ -287,6 +312,32 @@ class LiveLoop:
         self._publish()
         return decisions
 
+    def _report_unmatched(self, *, count: bool = True) -> None:
+        """Alerts that named no node of the cluster are never acted on, and never dropped in
+        silence: each host is logged once (by this process), and counted in the ledger, for
+        /metrics and the console."""
+        seen = self.engine.take_unmatched()
+        for u in seen:
+            if u.host in self.told:
+                continue
+            if len(self.told) >= 10_000:
+                self.told.clear()  # a bound, not a promise: the ledger's count is the record
+            self.told.add(u.host)
+            log.warning(
+                "%s names %s, which is no node of the cluster: not acted on%s",
+                u.alertname or "an alert",
+                u.host,
+                f" ({u.hint})" if u.hint else " (see node_names in docs/operations.md)",
+            )
+        if not seen or not count:
+            return
+        try:
+            known = self.ledger.setting(Unmatched)
+        except CorruptSetting as e:
+            log.error("%s; counting anew", e)
+            known = Unmatched()
+        self.ledger.put(known.add(seen), self.clock())
+
     def _notify(self) -> None:
         """Post the notices for people; never fails the step (the next round posts again)."""
         if self.notifier is None:
@@ -311,11 +362,10 @@ class LiveLoop:
     def _publish(self) -> None:
         """What /metrics reports about the loop (it runs in another process): its heartbeat
         and the jobs it sees, in the ledger's settings."""
-        if time.monotonic() - self.heartbeat_at < 5:
+        self.ticked_at = self.clock().timestamp()
+        if not self._beat():
             return
-        self.heartbeat_at = time.monotonic()
         now = self.clock()
-        self.ledger.put(Heartbeat(at=now.timestamp()), now)
         # Jobs that count for goodput: eligible now, or restarted (their wait is a failure's).
         # Jobs still queued for their first start are left out (they would be most series).
         jobs = Jobs(
@@ -328,6 +378,18 @@ class LiveLoop:
         if jobs != self.jobs_published:
             self.ledger.put(jobs, now)
             self.jobs_published = jobs
+
+    def _beat(self) -> bool:
+        """The loop's heartbeat, the view's age and Slurm's last error, for /readyz and
+        /metrics (every few seconds); whether it was written now."""
+        if time.monotonic() - self.heartbeat_at < Heartbeat.EVERY:
+            return False
+        self.heartbeat_at = time.monotonic()
+        now = self.clock()
+        view_at = self.view_wall.timestamp() if self.view_wall is not None else 0.0
+        beat = Heartbeat(at=self.ticked_at, view_at=view_at, slurm_error=self.slurm_error[:500])
+        self.ledger.put(beat, now)
+        return True
 
     def _publish_nodes(self) -> None:
         """Node states as Slurm reports them, as soon as a refresh changes one: the node rules'

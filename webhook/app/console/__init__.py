@@ -38,7 +38,7 @@ from webhook.core.validation import is_number
 from webhook.core.verdicts import JUDGEMENTS, VerdictError, verdict
 from webhook.ledger import review
 from webhook.ledger.schema import DecisionEvent, DecisionRow
-from webhook.ledger.settings import Breaker, CorruptSetting, Modes, S, Switch
+from webhook.ledger.settings import Breaker, CorruptSetting, Modes, S, Switch, Unmatched
 from webhook.ledger.store import Ledger, _utc, last_dry_run
 
 console = Blueprint(
@@ -183,7 +183,12 @@ def _status() -> dict[str, Any]:
         except CorruptSetting:
             return kind()
 
-    return {"switch": read(Switch), "breaker": read(Breaker), "modes": read(Modes)}
+    return {
+        "switch": read(Switch),
+        "breaker": read(Breaker),
+        "modes": read(Modes),
+        "unmatched": read(Unmatched),
+    }
 
 
 @console.route("/switch", methods=["POST"])

@@ -1,0 +1,113 @@
+"""Host names as alerts spell them, and the Slurm node names they stand for.
+
+dcgm-exporter's `hostname`, a scrape target's `instance` and a site's relabelling often give a
+host's fully qualified name (`gpu017.cluster.example.org`) where Slurm knows `gpu017`, or a
+management name (`gpu017-bmc`). The policy's `node_names` says how to read them; the webhook,
+replay, the backtest and the simulator all read alerts through it (webhook.core.evidence).
+
+A name that is itself a node of the cluster is always that node: a mapping only applies to
+names Slurm does not know, so a site whose Slurm names are fully qualified loses nothing by
+setting `strip_domain`. A name that still matches no node is never acted on, and never dropped
+in silence: the engine tallies it (Engine.take_unmatched) and `hint` says what would match.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Container
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+# `\1`, `\g<1>`, `\g<name>`: the group references re's templates take.
+_GROUP_REF = re.compile(r"\\(?:g<([^>]*)>|([0-9]{1,2}))")
+
+
+class Rewrite(BaseModel):
+    """`match` (a regular expression the whole host name must match) becomes `replace` (its
+    template: `\\1` or `\\g<name>` for a group)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    match: str
+    replace: str
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a regular expression: {e}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _groups_exist(self) -> Rewrite:
+        pattern = re.compile(self.match)
+        for name, number in _GROUP_REF.findall(self.replace):
+            ref = name or number
+            known = int(ref) <= pattern.groups if ref.isdigit() else ref in pattern.groupindex
+            if not known:
+                raise ValueError(f"replace: names group {ref!r}, which match does not have")
+        return self
+
+    def apply(self, host: str) -> str | None:
+        m = re.fullmatch(self.match, host)
+        return m.expand(self.replace) if m else None
+
+
+class NodeNames(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # gpu017.cluster.example.org -> gpu017 (never an IP address's digits).
+    strip_domain: bool = False
+    # Tried in order, after strip_domain; the first that matches rewrites the name.
+    rewrite: list[Rewrite] = []
+
+    def candidate(self, host: str) -> str:
+        """The node name `host` stands for under this mapping (itself, when nothing applies)."""
+        name = host
+        if self.strip_domain and "." in name and not _is_address(name):
+            name = name.split(".", 1)[0]
+        for rule in self.rewrite:
+            if (rewritten := rule.apply(name)) is not None:
+                return rewritten
+        return name
+
+    def resolve(self, host: str, nodes: Container[str]) -> str | None:
+        """The node of the cluster `host` names: itself, else its mapped name; None when
+        neither is a node."""
+        if host in nodes:
+            return host
+        name = self.candidate(host)
+        return name if name in nodes else None
+
+    def hint(self, host: str, nodes: Container[str]) -> str:
+        """What would make `host` match a node, when a simple setting would ('' otherwise)."""
+        short = host.split(".", 1)[0]
+        if not self.strip_domain and short != host and short in nodes and not _is_address(host):
+            return f"its short name {short} is a node: set node_names.strip_domain"
+        return ""
+
+
+@dataclass
+class Unmatched:
+    """Alerts that named `host`, which is no node of the cluster: the first one's name, what
+    would match (NodeNames.hint), how many, from when to when."""
+
+    host: str
+    alertname: str
+    hint: str
+    first: datetime
+    alerts: int = 0
+    last: datetime | None = None
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
