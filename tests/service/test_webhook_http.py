@@ -118,12 +118,37 @@ def test_basic_auth(server: Server) -> None:
             "NaN is not a JSON number",
         ),
         (json.dumps(payload()).replace("22:07:04.696Z", "22:07:04.696").encode(), "timezone"),
+        (json.dumps({**payload(), "version": "3"}).encode(), "version: Input should be '4'"),
     ],
 )
 def test_bad_bodies_400_with_a_reason(server: Server, raw: bytes, reason: str) -> None:
     r = server.post(None, raw=raw)
     assert r.status_code == 400
     assert reason in r.json()["reason"]
+
+
+def test_refused_requests_are_logged_once_a_minute_per_sender(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    try:
+        for token in ("wrong", "", "again wrong"):
+            assert server.post(payload(), token=token).status_code == 401
+        assert server.post(None, raw=b"{not json").status_code == 400
+        assert server.post({**payload(), "version": "3"}).status_code == 400
+    finally:
+        stop_server(server.proc)
+    lines = [
+        line.split("slurmedic.webhook ", 1)[1]
+        for line in (tmp_path / "serve.out").read_text().splitlines()
+        if "refused a webhook request" in line
+    ]
+    # Two workers: each says what it refused first; no line repeats within a worker's minute.
+    assert lines, (tmp_path / "serve.out").read_text()
+    assert all(line.startswith("refused a webhook request from 127.0.0.1: 40") for line in lines), (
+        lines
+    )
+    said = {line.split(": ", 1)[1] for line in lines}
+    assert "401 missing or wrong credentials" in said
+    assert len(lines) <= 4, lines  # 401 and 400, once per worker
 
 
 def test_a_bad_alert_field_is_named(server: Server) -> None:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
+import yaml
+from click.testing import CliRunner
 
+from webhook.cli import main
 from webhook.core.durations import DurationError, parse
 from webhook.core.policy import PolicyError, load_policy
 from webhook.rules.render import RulesError, seconds
@@ -75,3 +79,22 @@ def test_format_is_the_shortest_duration_parse_reads_back() -> None:
         (timedelta(0), "0s"),
     ):
         assert fmt(d) == text and parse(text) == d
+
+
+def test_policy_check_writes_durations_it_reads_back(tmp_path: Path) -> None:
+    """`policy check` prints the effective policy; its output is itself a valid policy with
+    the same values (durations as typed: `11m`, not ISO 8601's `PT11M`)."""
+    from webhook.core.durations import exact
+
+    assert exact(timedelta(seconds=1.5)) == "1s500ms" and parse("1s500ms") == timedelta(seconds=1.5)
+    given = tmp_path / "policy.yml"
+    given.write_text("hang_wait: 11m\nverify: {deadline: 90s}\nretention: 1d1s\n")
+    out = CliRunner().invoke(main, ["policy", "check", str(given)])
+    assert out.exit_code == 0, out.output
+    assert "hang_wait: 11m\n" in out.stdout and "deadline: 1m30s\n" in out.stdout
+    printed = tmp_path / "printed.yml"
+    printed.write_text(out.stdout)
+    again = CliRunner().invoke(main, ["policy", "check", str(printed)])
+    assert again.exit_code == 0, again.output
+    assert again.stdout == out.stdout
+    assert load_policy(yaml.safe_load(out.stdout)) == load_policy(yaml.safe_load(given.read_text()))

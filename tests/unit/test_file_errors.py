@@ -4,8 +4,11 @@ mapping; and the same for the secrets and the rule config."""
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -188,3 +191,74 @@ def test_a_config_value_that_is_not_a_duration_names_the_file_and_key(rules: Pat
     config.write_text(config.read_text().replace("hang_after: 10m", "hang_after: 10min", 1))
     with pytest.raises(RulesError, match=rf"^{re.escape(str(config))}: hang_after: '10min' is not"):
         RuleSource(rules).render()
+
+
+@pytest.mark.parametrize(
+    ("listen", "said"),
+    [
+        ("0.0.0.0:99999", "listen: port 99999 is not within 1-65535"),
+        ("localhost", "listen: 'localhost' is not HOST:PORT (e.g. 127.0.0.1:8080)"),
+        ("127.0.0.1:http", "listen: '127.0.0.1:http' is not HOST:PORT (e.g. 127.0.0.1:8080)"),
+        ("unix:", "listen: unix: needs a socket path"),
+    ],
+)
+def test_a_listen_address_gunicorn_cannot_bind_is_one_line(
+    tmp_path: Path, listen: str, said: str
+) -> None:
+    config = token_config(tmp_path)
+    config.write_text(config.read_text() + f"listen: '{listen}'\n")
+    result = CliRunner().invoke(main, ["serve", "--config", str(config)])
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert result.output.strip() == f"Error: {config}: {said}"
+
+
+# A fresh interpreter where the PostgreSQL driver is not installed (the extra left out).
+NO_PSYCOPG = """
+import importlib.abc, sys
+
+class NoDriver(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "psycopg" or name.startswith("psycopg."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NoDriver())
+from webhook.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_postgresql_without_its_extra_says_how_to_install_it(tmp_path: Path) -> None:
+    config = tmp_path / "config.yml"
+    config.write_text("database_url: postgresql+psycopg://slurmedic@127.0.0.1:1/slurmedic\n")
+    out = subprocess.run(
+        [sys.executable, "-c", NO_PSYCOPG, "decisions", "list", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines() == [
+        "Error: database_url: postgresql needs the driver psycopg, which is not installed: "
+        "install slurmedic with its postgres extra (pip install 'slurmedic[postgres]', or "
+        f"'FILE.whl[postgres]') [{config}]"
+    ], out.stderr
+
+
+def test_a_secret_file_others_can_read_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    token.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="slurmedic.config"):
+        Auth(bearer_token_file=token).secrets()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"auth.bearer_token_file: {token} is readable by others (mode 0644): chmod 600 it"
+    ]
+    caplog.clear()
+    token.chmod(0o600)
+    with caplog.at_level(logging.WARNING, logger="slurmedic.config"):
+        Auth(bearer_token_file=token).secrets()
+    assert caplog.records == []

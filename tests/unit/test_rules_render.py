@@ -375,3 +375,25 @@ def test_an_alert_without_annotations_is_named(tmp_path: Path) -> None:
     template.write_text(template.read_text() + bare)
     with pytest.raises(RulesError, match="alert InfinibandLinkDown has no annotations"):
         RuleSource(copy).render()
+
+
+def test_a_misspelled_key_is_named_with_the_key_it_may_mean(tmp_path: Path) -> None:
+    copy = tmp_path / "alert_rules"
+    shutil.copytree(RULES_DIR, copy)
+    config = copy / "config.yml"
+    config.write_text(config.read_text().replace("hang_after: 10m", "hang_afetr: 10m", 1))
+    with pytest.raises(RulesError) as e:
+        RuleSource(copy).render()
+    assert str(e.value) == f"{config}: hang_afetr: unknown key (did you mean hang_after?)"
+
+
+def test_a_duration_given_in_seconds_renders_with_its_unit(tmp_path: Path) -> None:
+    """As the policy takes them: `hang_after: 600` is 600 s (Prometheus needs `600s`)."""
+    copy = tmp_path / "alert_rules"
+    shutil.copytree(RULES_DIR, copy)
+    config = copy / "config.yml"
+    config.write_text(config.read_text().replace("hang_after: 10m", "hang_after: 600", 1))
+    source = RuleSource(copy)
+    assert source.config()["hang_after"] == "600s"
+    rendered = source.render()["training.rules.yml"]
+    assert "time() - 600" in rendered and "made no progress for 600s" in rendered

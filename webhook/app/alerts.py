@@ -5,6 +5,9 @@ from __future__ import annotations
 import base64
 import hmac
 import json
+import logging
+import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +20,7 @@ from webhook.core.validation import describe
 from webhook.ledger.store import Refused, Unavailable
 
 alerts = Blueprint("alerts", __name__)
+log = logging.getLogger("slurmedic.webhook")
 timed(alerts)  # once, here: an app factory may run more than once in a process
 
 
@@ -68,8 +72,31 @@ def _may_hold_nul(body: bytes) -> bool:
     return json.detect_encoding(body) != "utf-8" or b"\\u0000" in body
 
 
+# A refused request is logged, at most once a minute per status and sender (a client that
+# keeps sending the same bad request must not flood the log); the count says how many.
+REFUSED_LOG_EVERY = 60.0
+_refused: dict[tuple[int, str], tuple[float, int]] = {}
+_refused_lock = threading.Lock()
+
+
 def _error(status: int, reason: str) -> tuple[Response, int]:
+    _log_refused(status, reason)
     return jsonify(error="bad request" if status == 400 else "unauthorized", reason=reason), status
+
+
+def _log_refused(status: int, reason: str) -> None:
+    sender = request.remote_addr or "?"
+    now = time.monotonic()
+    with _refused_lock:
+        last, held = _refused.get((status, sender), (-REFUSED_LOG_EVERY, 0))
+        if now - last < REFUSED_LOG_EVERY:
+            _refused[(status, sender)] = (last, held + 1)
+            return
+        if len(_refused) > 10_000:
+            _refused.clear()
+        _refused[(status, sender)] = (now, 0)
+    more = f" ({held} more since the last line)" if held else ""
+    log.warning("refused a webhook request from %s: %d %s%s", sender, status, reason[:300], more)
 
 
 @alerts.post("/api/v1/alerts")

@@ -19,6 +19,9 @@ from webhook.ledger.schema import DecisionRow
 from webhook.ledger.store import Ledger, Unavailable
 from webhook.service.config import ConfigError, ServiceConfig, load_config
 
+# How serve, its web workers and its loop write their log lines (one format, one stream).
+LOG_FORMAT = "%(asctime)s %(name)s %(message)s"
+
 config_option = click.option(
     "--config",
     "config_path",

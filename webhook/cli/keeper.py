@@ -40,6 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from webhook.cli.common import LOG_FORMAT
+
 KEEPER_NAME = "slurmedic-keep"
 LOOP_NAME = "slurmedic-loop"
 STOPS = {signal.SIGTERM, signal.SIGINT}  # what a stop of serve sends its process group
@@ -244,7 +246,7 @@ def _keep(sock: socket.socket, run_loop: RunLoop) -> NoReturn:
     try:
         name_this_process(KEEPER_NAME)
         serve, me = os.getppid(), os.getpid()
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
         # serve's stop (its process group's SIGTERM, a terminal's SIGINT) reaches the loop
         # itself; the keeper stays to say how the loop ended, and ends when serve has. Blocked,
         # not ignored: a loop inherits the mask, and one sent to it before it has its handlers

@@ -26,7 +26,7 @@ from gunicorn.app.base import BaseApplication
 # and every loop the keeper forks shares it (webhook/cli/keeper.py).
 from webhook.adapters.prometheus import Prometheus
 from webhook.adapters.slurm import SlurmCluster
-from webhook.cli.common import config_of, config_option, policy_of, policy_option
+from webhook.cli.common import LOG_FORMAT, config_of, config_option, policy_of, policy_option
 from webhook.cli.keeper import ForkedLoop, Keeper, KeeperGone, RunLoop, carry_on_after_hangup
 from webhook.core.policy import Policy
 from webhook.core.validation import is_number
@@ -265,7 +265,7 @@ def _stop_when_orphaned(parent: int, halt: Callable[[], None]) -> None:
 
 
 def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     ledger = Ledger(config.database_url)
     ledger.lock_for_loop()  # SQLite: one loop a file (LoopRefused otherwise)
     cluster = SlurmCluster(env=config.cluster.slurm_env())
@@ -379,6 +379,7 @@ def _run_group(config: ServiceConfig) -> RunGroup | None:
 @policy_option
 def serve(config_path: Path | None, policy_path: Path | None) -> None:
     """Run the webhook (gunicorn) and the live loop that decides."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # the workers inherit it
     config = config_of(config_path)
     try:
         config.auth.secrets()  # fail now, with the key named, not in gunicorn's master

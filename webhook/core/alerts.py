@@ -56,7 +56,7 @@ class Alert(BaseModel):
 class Payload(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    version: str = "4"
+    version: Literal["4"] = "4"  # Alertmanager's webhook payload version this reads
     receiver: str = ""
     status: Literal["firing", "resolved"]
     alerts: list[Alert] = Field(min_length=1)

@@ -43,12 +43,21 @@ def parse(text: str) -> timedelta:
 
 def format(d: timedelta) -> str:
     """`4h`, `1h30m`, `90s` → `1m30s`: the shortest Prometheus duration for whole seconds."""
-    left = int(d.total_seconds())
-    if left == 0:
+    return _units(int(d.total_seconds()) * 1000)
+
+
+def exact(d: timedelta) -> str:
+    """As `format`, to the millisecond (`1.5s` → `1s500ms`): what `parse` reads back as the
+    same value."""
+    return _units(round(d.total_seconds() * 1000))
+
+
+def _units(ms: int) -> str:
+    if ms == 0:
         return "0s"
     parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        n, left = divmod(left, size)
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        n, ms = divmod(ms, size)
         if n:
             parts.append(f"{n}{unit}")
     return "".join(parts)

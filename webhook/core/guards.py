@@ -559,7 +559,7 @@ def retry_budget(d: Decision, ctx: Context) -> Outcome:
     job = ctx.job
     if not _planned(d, "requeue") or job is None:
         return _keep(d)
-    policy, rules = ctx.policy, ctx.policy.retry_budget
+    policy, rules = ctx.policy, ctx.policy.budget_for(job.partition)
     since, window = ctx.now - rules.window, int(rules.window.total_seconds())
     wanted = job.options().get("max_requeues")
     if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
@@ -573,7 +573,7 @@ def retry_budget(d: Decision, ctx: Context) -> Outcome:
     removing = removes(ctx.attr.cause, d.exclude)
     used = ctx.guards.requeues(job.id, since, deciding=d.incident, removing=removing)
     if removing:
-        budget = policy.hardware_requeues(len(job.nodes))
+        budget = policy.hardware_requeues(len(job.nodes), rules)
         kind = " away from its failures' nodes"
         if rules.max_hardware_requeues is None and budget > rules.max_requeues:
             expected = policy.expected_failures(len(job.nodes), rules.window)

@@ -15,6 +15,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     ValidationError,
     model_validator,
 )
@@ -58,7 +59,10 @@ def _duration(value: Any) -> timedelta:
     return durations.parse(str(value))
 
 
-Duration = Annotated[timedelta, BeforeValidator(_duration)]
+# Written back (`policy check`, the JSON of a dump) as it is typed: `11m`, which reads back.
+Duration = Annotated[
+    timedelta, BeforeValidator(_duration), PlainSerializer(durations.exact, when_used="json")
+]
 
 
 class _Strict(BaseModel):
@@ -172,10 +176,24 @@ class Verify(_Strict):
 
 class PartitionModes(_Strict):
     """A partition's own modes (staged enablement: a canary partition in enforce while the
-    rest stay in monitor or approve). Unset keys fall back to the policy's."""
+    rest stay in monitor or approve), and its own retry budget (a partition of short jobs
+    that retries freely, one of long ones that does not). Unset keys fall back to the
+    policy's."""
 
     mode: Mode | None = None
     actions: dict[Action, Mode] = {}
+    # The keys given override the policy's retry_budget for this partition's jobs.
+    retry_budget: RetryBudget | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_breaker(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "breaker" in data:
+            raise ValueError(
+                "breaker: the breaker is the whole cluster's (it bounds the drains of every "
+                "partition together, as a storm crosses them); set it at the top of the policy"
+            )
+        return data
 
 
 class Policy(_Strict):
@@ -237,16 +255,29 @@ class Policy(_Strict):
             "shared_cause.window": self.shared_cause.window,
             "retry_budget.window": self.retry_budget.window,
             "breaker.window": self.breaker.window,
+            **{
+                f"partitions.{name}.retry_budget.window": p.retry_budget.window
+                for name, p in self.partitions.items()
+                if p.retry_budget is not None and "window" in p.retry_budget.model_fields_set
+            },
         }
+
+    def budget_for(self, partition: str | None) -> RetryBudget:
+        """The retry budget of a job in `partition`: the policy's, with the keys its partition
+        gives instead."""
+        own = self.partitions.get(partition) if partition else None
+        if own is None or own.retry_budget is None:
+            return self.retry_budget
+        return self.retry_budget.model_copy(update=own.retry_budget.model_dump(exclude_unset=True))
 
     def expected_failures(self, nodes: int, window: timedelta) -> float:
         """The failures a job on `nodes` nodes expects in `window` at `failure_rate`."""
         return nodes * self.failure_rate / 1000 * window.total_seconds() / 86400
 
-    def hardware_requeues(self, nodes: int) -> int:
-        """The retry budget, in `retry_budget.window`, for the requeues of a job on `nodes`
-        nodes that take the failure's nodes out of its reach (RetryBudget)."""
-        rules = self.retry_budget
+    def hardware_requeues(self, nodes: int, rules: RetryBudget | None = None) -> int:
+        """The retry budget (the policy's, or `rules`), in its window, for the requeues of a
+        job on `nodes` nodes that take the failure's nodes out of its reach (RetryBudget)."""
+        rules = rules or self.retry_budget
         if rules.max_hardware_requeues is not None:
             return rules.max_hardware_requeues
         expected = self.expected_failures(nodes, rules.window)

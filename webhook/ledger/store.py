@@ -160,6 +160,14 @@ class Ledger:
                 pool_pre_ping=make_url(url).get_backend_name() != "sqlite",
                 connect_args=_connect_args(url),
             )
+        except ModuleNotFoundError as e:
+            # The driver is an extra: `pip install 'slurmedic[postgres]'`, or from a wheel
+            # `pip install 'slurmedic-VERSION-py3-none-any.whl[postgres]'`.
+            raise Unavailable(
+                f"database_url: {make_url(url).get_backend_name()} needs the driver "
+                f"{e.name or 'its driver'}, which is not installed: install slurmedic with its "
+                "postgres extra (pip install 'slurmedic[postgres]', or 'FILE.whl[postgres]')"
+            ) from e
         except (SQLAlchemyError, ValueError) as e:
             raise Unavailable(f"database_url: {str(e).splitlines()[0]}") from e
         # The two statements of `store`, built once: every payload runs them (building them

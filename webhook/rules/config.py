@@ -2,18 +2,26 @@
 error naming the key, before any rule is rendered. `straggler_ratio: fast` would otherwise
 render a rule that never fires, and promtool would call it valid.
 
-The model only checks: the templates get the values as written (`1` stays `1`, not `1.0`), so
-a valid config renders exactly as before.
+The model checks: the templates get the values as written (`1` stays `1`, not `1.0`), so a
+valid config renders exactly as before; only a duration given as a bare number of seconds (as
+the policy takes them) is written with its unit (`300` → `300s`), which Prometheus needs.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from webhook.core import durations
 from webhook.core.validation import describe
+
+
+def _seconds(value: Any) -> Any:
+    # A bare number is seconds, as in the policy; Prometheus' rules need the unit.
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return f"{value}s"
+    return value
 
 
 def _duration(value: str) -> str:
@@ -21,7 +29,7 @@ def _duration(value: str) -> str:
     return value
 
 
-Duration = Annotated[str, AfterValidator(_duration)]
+Duration = Annotated[str, BeforeValidator(_seconds), AfterValidator(_duration)]
 Positive = Annotated[float, Field(gt=0)]
 Share = Annotated[float, Field(gt=0, le=1)]
 
@@ -80,9 +88,15 @@ class RuleConfig(BaseModel):
     shard_down_for: Duration
 
 
-def check(values: dict[str, Any], where: str) -> None:
-    """ValueError naming `where` and the key when a value is not of its kind."""
+def check(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """`values` as the templates take them (a duration given as a bare number of seconds gets
+    its unit); ValueError naming `where` and the key when a value is not of its kind."""
     try:
-        RuleConfig.model_validate(values)
+        checked = RuleConfig.model_validate(values)
     except ValidationError as e:
         raise ValueError(f"{where}: {describe(e)}") from e
+    # A number the model made a string is a duration given in seconds.
+    return {
+        k: (new if isinstance(v, int) and isinstance(new := getattr(checked, k, v), str) else v)
+        for k, v in values.items()
+    }

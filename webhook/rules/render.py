@@ -131,7 +131,7 @@ class RuleSource:
             values.update(profiles[name])
         where = f"{path}" + (f" (profile {profile})" if profile else "")
         try:  # every key of its kind: a threshold that is not a number never renders
-            check(values, where)
+            values = check(values, where)
         except ValueError as e:
             raise RulesError(str(e)) from e
         path = self.rules_dir / "xid-classes.yml"

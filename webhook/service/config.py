@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from webhook.core.validation import describe
 from webhook.files import FileError, load_mapping, read_text
+
+log = logging.getLogger("slurmedic.config")
 
 
 class ConfigError(ValueError):
@@ -57,6 +60,9 @@ def _secret(key: str, path: Path) -> bytes:
         raise ConfigError(f"{key}: {e}") from e
     if not secret:
         raise ConfigError(f"{key}: {path} is empty")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:  # anyone on the host could post alerts, or read the console's key
+        log.warning("%s: %s is readable by others (mode %04o): chmod 600 it", key, path, mode)
     return secret
 
 
@@ -160,7 +166,7 @@ class Replicas(_Strict):
 
 
 class ServiceConfig(_Strict):
-    listen: str = "127.0.0.1:8080"
+    listen: str = "127.0.0.1:8080"  # HOST:PORT, [IPv6]:PORT, or unix:PATH (gunicorn's bind)
     database_url: str = "sqlite:///slurmedic.db"
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     auth: Auth = Auth()
@@ -175,6 +181,20 @@ class ServiceConfig(_Strict):
     # /metrics reads the ledger at most this often per worker.
     metrics_cache_seconds: float = Field(default=10.0, ge=0)
     workers: int = Field(default=2, ge=1)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        if v.startswith("unix:"):
+            if len(v) == len("unix:"):
+                raise ValueError("unix: needs a socket path")
+            return v
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isascii() or not port.isdigit():
+            raise ValueError(f"{v!r} is not HOST:PORT (e.g. 127.0.0.1:8080)")
+        if not 1 <= int(port) <= 65535:
+            raise ValueError(f"port {port} is not within 1-65535")
+        return v
 
     def replica_name(self) -> str:
         """This replica's name: the configured one; else the one its `serve` chose (its loop and
