@@ -19,6 +19,7 @@ from rich.table import Table
 
 from lab import api, manage, monitoring, postgres, processes, stacks
 from lab.config import LabConfig
+from lab.faults import SLOW_FACTOR
 from lab.slurm import LabError, node_states
 from lab.stacks import StackError
 
@@ -262,7 +263,7 @@ def _job_fault(kind: str, name: str, help_: str) -> None:
     @click.option("--rank", default=0, show_default=True, type=click.IntRange(0))
     @click.option(
         "--factor",
-        default=3.0,
+        default=SLOW_FACTOR,
         show_default=True,
         type=click.FloatRange(1.0, min_open=True),
         help="For slow: how many times slower.",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 GpuFaultKind = Literal[
     "xid", "ecc_dbe", "row_remap_failure", "nvlink", "thermal", "pcie", "gpu_lost"
 ]
+SLOW_FACTOR = 3.0  # how many times slower a `slow` rank computes, unless told otherwise
 JobFaultKind = Literal["hang", "crash_cuda", "crash_ecc", "crash_nccl", "slow", "timeout_now"]
 
 XID_MIN, XID_MAX = 1, 200
@@ -44,7 +45,7 @@ class JobFault(BaseModel):
     attempt: int = Field(default=0, ge=0)
     kind: JobFaultKind
     at: float
-    factor: float = Field(default=3.0, gt=1.0)
+    factor: float = Field(default=SLOW_FACTOR, gt=1.0)
 
 
 class JobControl(BaseModel):

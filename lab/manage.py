@@ -16,6 +16,7 @@ import hostlist
 from lab import accounting, monitoring, person, postgres, processes, slurm, stacks
 from lab.config import CODE_ROOT, LabConfig
 from lab.faults import (
+    SLOW_FACTOR,
     GpuFault,
     GpuFaultKind,
     JobFault,
@@ -319,7 +320,12 @@ def kill_node(cfg: LabConfig, node: str) -> int:
 
 
 def inject_job(
-    cfg: LabConfig, kind: JobFaultKind, job_id: int, rank: int, *more: int, factor: float = 3.0
+    cfg: LabConfig,
+    kind: JobFaultKind,
+    job_id: int,
+    rank: int,
+    *more: int,
+    factor: float = SLOW_FACTOR,
 ) -> JobFault:
     """The fault on `rank` (and on `more` ranks, written at once: ranks that fail alike, none
     torn down by another's exit before it reads its own fault)."""

@@ -138,8 +138,13 @@ def marked_pids(cfg: LabConfig) -> Iterator[int]:
     marker = f"{MARKER_ENV}={cfg.run_dir}".encode()
     conf_marker = f"SLURM_CONF={cfg.slurm_conf}".encode()
     spare = _ancestors()
+    group = os.getpgrp()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) in spare:
+            continue
+        # The caller's own pipeline (`slurmedic lab down | tail`) carries the marker it was
+        # given, and is no lab process: the lab starts each of its own in a session of its own.
+        if _group_of(int(entry.name)) == group:
             continue
         try:
             environ = (entry / "environ").read_bytes().split(b"\0")
@@ -170,6 +175,13 @@ def descendants(root: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return [p for p in found if is_alive(p)]
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def _ancestors() -> set[int]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from lab import api, manage
 from lab.config import LabConfig
+from lab.faults import SLOW_FACTOR
 from lab.slurm import LabError, node_states, slurm
 from webhook.core.cluster import ENDED_STATES
 from webhook.ledger.schema import DecisionRow
@@ -68,7 +69,7 @@ FAULTS = (
     Fault("crash_cuda", "rank 1 dies with a CUDA illegal memory access", _job("crash_cuda")),
     Fault("crash_ecc", "rank 1 dies with a CUDA uncorrectable ECC error", _job("crash_ecc")),
     Fault("crash_nccl", "rank 1 dies with the NCCL watchdog's lines", _job("crash_nccl")),
-    Fault("slow", "rank 1 computes 4 times slower (a straggler)", _job("slow")),
+    Fault("slow", f"rank 1 computes {SLOW_FACTOR:g} times slower (a straggler)", _job("slow")),
 )
 
 

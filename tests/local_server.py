@@ -54,8 +54,9 @@ class Server:
 def start_server(tmp: Path, **extra: Any) -> Server:
     """`extra`: config keys added to (or replacing) the test server's."""
     port = free_port()
-    (tmp / "token").write_text(TOKEN + "\n")
-    (tmp / "password").write_text("hunter2\n")
+    for name, secret in (("token", TOKEN), ("password", "hunter2")):
+        (tmp / name).write_text(secret + "\n")
+        (tmp / name).chmod(0o600)  # as a site keeps it (serve warns otherwise)
     db = f"sqlite:///{tmp / 'ledger.db'}"
     config = {
         "listen": f"127.0.0.1:{port}",

@@ -51,3 +51,26 @@ def test_a_valid_gpu_fault_is_recorded(run, tmp_path: Path) -> None:  # type: ig
 def test_clear_of_unknown_node(run) -> None:  # type: ignore[no-untyped-def]
     code, out = run("clear", "node1")
     assert code == 1 and "node: 'node1'" in out
+
+
+def test_lab_down_spares_the_caller_s_own_pipeline(tmp_path: Path) -> None:
+    """`slurmedic lab down | tail`: tail carries the lab's marker (the shell exported it) but is
+    the caller's, in its process group; a lab process runs in a session of its own."""
+    import os
+    import subprocess
+
+    from lab.config import MARKER_ENV, LabConfig
+    from lab.processes import marked_pids
+
+    cfg = LabConfig(run_dir=tmp_path)
+    env = {**os.environ, MARKER_ENV: str(tmp_path)}
+    argv = ["sleep", "60"]
+    mine = subprocess.Popen(argv, env=env)
+    lab_s = subprocess.Popen(argv, env=env, start_new_session=True)
+    try:
+        found = set(marked_pids(cfg))
+        assert lab_s.pid in found and mine.pid not in found
+    finally:
+        for p in (mine, lab_s):
+            p.kill()
+            p.wait()
