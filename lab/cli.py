@@ -287,6 +287,16 @@ _job_fault(
 )
 
 
+@lab.command(name="dcgm-domain")
+@click.argument("domain", default="")
+@pass_cfg
+@lab_errors
+def dcgm_domain_cmd(cfg: LabConfig, domain: str) -> None:
+    """dcgm-exporter names its hosts NODE.DOMAIN (as a site's FQDNs); no DOMAIN: Slurm's names."""
+    manage.set_dcgm_domain(cfg, domain)
+    click.echo(f"dcgm-exporter's hosts: {'NODE.' + domain if domain else 'Slurm node names'}")
+
+
 @lab.command(name="clear")
 @click.argument("node", required=False)
 @pass_cfg

@@ -277,6 +277,12 @@ class LabConfig:
         return self.run_dir / "jobs"
 
     @property
+    def dcgm_domain_file(self) -> Path:
+        """The domain the fake dcgm-exporter adds to its host label, when it holds one
+        (`slurmedic lab dcgm-domain`): a site whose exporters name hosts by their FQDN."""
+        return self.etc / "dcgm-domain"
+
+    @property
     def faults_file(self) -> Path:
         return self.run_dir / "dcgm" / "faults.json"
 

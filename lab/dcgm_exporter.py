@@ -134,6 +134,7 @@ class NodeExporter:
     def __init__(self, cfg: LabConfig, node: str, view: SlurmView) -> None:
         self.cfg, self.node, self.view = cfg, node, view
         self.uuids = [gpu_uuid(node, g) for g in range(cfg.gpus_per_node)]
+        self.host = node  # as its host label says (render reads the lab's domain, if any)
 
     def gpu_labels(self, gpu: int, job: int | None) -> list[tuple[str, str]]:
         labels = [
@@ -142,13 +143,18 @@ class NodeExporter:
             ("pci_bus_id", gpu_bus_id(gpu)),
             ("device", f"nvidia{gpu}"),
             ("modelName", MODEL),
-            (self.cfg.dcgm_host_label, self.node),
+            (self.cfg.dcgm_host_label, self.host),
             ("DCGM_FI_DRIVER_VERSION", DRIVER),
         ]
         return [*labels, ("hpc_job", str(job))] if job is not None else labels
 
     def render(self) -> str:
         now = time.time()
+        try:
+            domain = self.cfg.dcgm_domain_file.read_text().strip()
+        except OSError:
+            domain = ""
+        self.host = f"{self.node}.{domain}" if domain else self.node
         faults = [f for f in load_gpu_faults(self.cfg.faults_file).faults if f.node == self.node]
         job = self.view.job_on(self.node)
         samples: dict[str, list[str]] = {name: [] for name in (*GAUGES, *COUNTERS, XID_COUNT)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -339,6 +340,15 @@ def inject_job(
     ]
     add_job_fault(control_path(cfg.jobs, job_id), *faults)
     return faults[0]
+
+
+def set_dcgm_domain(cfg: LabConfig, domain: str) -> None:
+    """The fake dcgm-exporter names its hosts `NODE.DOMAIN` from its next scrape ('' : Slurm's
+    names again), as a site's exporters that report fully qualified names do."""
+    if domain and not re.fullmatch(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*", domain):
+        raise LabError(f"domain: {domain!r} is not a DNS domain")
+    cfg.dcgm_domain_file.parent.mkdir(parents=True, exist_ok=True)
+    cfg.dcgm_domain_file.write_text(domain + "\n" if domain else "")
 
 
 def clear(cfg: LabConfig, node: str | None = None) -> int:

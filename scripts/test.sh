@@ -27,6 +27,14 @@ for stack in "${STACKS[@]}"; do
   "${run[@]}" promtool test rules alert_rules/tests/*.test.yml
   echo "-- $stack: $("${run[@]}" amtool --version 2>&1 | head -1)"
   "${run[@]}" amtool check-config alert_rules/alertmanager.yml
+  # What a site deploys: the shipped files exported with a config of its own (runbooks
+  # elsewhere), whose tests pass on its rendering; the example scrape config.
+  site=$(mktemp -d)
+  sed 's|^  runbook_base: .*|  runbook_base: https://wiki.example.org/slurmedic|' alert_rules/config.yml > "$site/rules-config.yml"
+  slurmedic files export "$site/export" --rules-config "$site/rules-config.yml" > /dev/null
+  "${run[@]}" promtool test rules "$site"/export/alert_rules/tests/*.test.yml > /dev/null
+  "${run[@]}" promtool check config examples/prometheus.yml > /dev/null
+  rm -rf "$site"
 done
 echo "== ansible-lint (production profile)"
 ansible-lint --offline playbooks/ inventory/

@@ -349,9 +349,25 @@ def main(argv: list[str] | None = None) -> int:
             f"resources from {where}, not the venv",
         )
 
-        step("slurmedic --help")
+        step("slurmedic --help, --version")
         out = run([slurmedic, "--help"], cwd=work, env=env).stdout
-        check(all(c in out for c in ("serve", "replay", "rules", "lab")), out)
+        check(all(c in out for c in ("serve", "replay", "rules", "lab", "doctor")), out)
+        version = run([slurmedic, "--version"], cwd=work, env=env).stdout.strip()
+        wanted = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+        check(wanted is not None and version == f"slurmedic, version {wanted[1]}", version)
+
+        step("slurmedic files export DIR: what the checkout ships, runbooks and examples too")
+        exported = work / "site"
+        run([slurmedic, "files", "export", str(exported)], cwd=work, env=env)
+        for folder, source in (
+            ("runbooks", REPO / "docs" / "runbooks"),
+            ("examples", REPO / "examples"),
+            ("playbooks", REPO / "playbooks"),
+            ("alert_rules/mtail", REPO / "alert_rules" / "mtail"),
+        ):
+            want = sorted(p.name for p in source.iterdir() if p.is_file())
+            got = sorted(p.name for p in (exported / folder).iterdir() if p.is_file())
+            check(got == want, f"{folder}: the wheel exported {got}, the checkout has {want}")
 
         step(f"slurmedic replay {SCENARIO.name} --json (as from the checkout)")
         shutil.copy(SCENARIO, work / SCENARIO.name)

@@ -166,3 +166,22 @@ def test_a_misspelled_scenario_key_is_an_error_and_a_date_needs_its_zone(tmp_pat
     out = CliRunner().invoke(main, ["replay", str(path), "--json"])
     assert out.exit_code == 0
     assert f"{path}: notes: not a key of the format" in out.stderr
+
+
+def test_check_hosts_says_how_many_match_and_what_would() -> None:
+    from webhook.core.node_names import check_hosts
+
+    nodes = {f"gpu{i:03d}" for i in range(1, 2049)}
+    fqdn = [f"gpu{i:03d}.cluster.example.org" for i in range(1, 413)]
+    found = check_hosts([*sorted(nodes)[412:], *fqdn], nodes, NodeNames())
+    assert found.hosts == 2048 and len(found.unmatched) == 412
+    assert found.summary() == (
+        "412 of 2,048 hosts match no Slurm node (gpu001.cluster.example.org, "
+        "gpu002.cluster.example.org, gpu003.cluster.example.org, ... (409 more)): they look like "
+        "fully qualified names: set node_names.strip_domain in the policy"
+    )
+    assert check_hosts(fqdn, nodes, NodeNames(strip_domain=True)).summary() == (
+        "all 412 hosts are nodes of the cluster"
+    )
+    other = check_hosts(["node-a", "node-b"], nodes, NodeNames())
+    assert other.hint.startswith("map them with node_names in the policy")

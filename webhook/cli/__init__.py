@@ -19,6 +19,8 @@ COMMANDS = {
     "cluster": "webhook.cli.cluster:cluster",
     "console": "webhook.cli.console:console",
     "decisions": "webhook.cli.decisions:decisions",
+    "doctor": "webhook.cli.doctor:doctor",
+    "files": "webhook.cli.files:files",
     "lab": "lab.cli:lab",
     "loop": "webhook.cli.serve:loop_cmd",
     "nodes": "webhook.cli.nodes:nodes",

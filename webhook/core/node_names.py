@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -103,6 +103,43 @@ class Unmatched:
     first: datetime
     alerts: int = 0
     last: datetime | None = None
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """How the hosts one source of alerts names (dcgm-exporter's, the job logs', ...) match
+    the cluster's nodes under a mapping: how many, those that match none, and what would."""
+
+    hosts: int
+    unmatched: tuple[str, ...]
+    hint: str
+
+    def summary(self, examples: int = 3) -> str:
+        if not self.unmatched:
+            return f"all {self.hosts:,} hosts are nodes of the cluster"
+        shown = ", ".join(self.unmatched[:examples])
+        more = (
+            f", ... ({len(self.unmatched) - examples:,} more)"
+            if len(self.unmatched) > examples
+            else ""
+        )
+        text = (
+            f"{len(self.unmatched):,} of {self.hosts:,} hosts match no Slurm node ({shown}{more})"
+        )
+        return f"{text}: {self.hint}" if self.hint else text
+
+
+def check_hosts(hosts: Iterable[str], nodes: Container[str], names: NodeNames) -> HostCheck:
+    """Whether alerts from these hosts would name nodes of the cluster (`slurmedic doctor`)."""
+    seen = sorted(set(hosts))
+    unmatched = tuple(h for h in seen if names.resolve(h, nodes) is None)
+    hinted = [h for h in unmatched if names.hint(h, nodes)]
+    hint = ""
+    if hinted and len(hinted) * 2 >= len(unmatched):
+        hint = "they look like fully qualified names: set node_names.strip_domain in the policy"
+    elif unmatched:
+        hint = "map them with node_names in the policy (a rewrite), or scrape them by Slurm's names"
+    return HostCheck(len(seen), unmatched, hint)
 
 
 def _is_address(name: str) -> bool:

@@ -1211,3 +1211,33 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA busy_timeout=10000")
     cur.close()
+
+
+def probe(url: str) -> str:
+    """What a ledger at `url` is, read without changing it (`slurmedic doctor`): its schema
+    against this release's. Unavailable when it cannot be reached or read."""
+    try:
+        engine = create_engine(url, connect_args=_connect_args(url))
+    except ModuleNotFoundError as e:
+        raise Unavailable(f"{make_url(url).get_backend_name()} needs the driver {e.name}") from e
+    except (SQLAlchemyError, ValueError) as e:
+        raise Unavailable(str(e).splitlines()[0]) from e
+    if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+        path = Path(engine.url.database)
+        if not path.parent.is_dir():
+            raise Unavailable(f"directory {path.parent} does not exist (serve makes none)")
+        if not path.exists():
+            return f"no ledger at {path} yet: serve creates it"
+    try:
+        with engine.connect() as conn:
+            found = migrate.revision(conn)
+    except SQLAlchemyError as e:
+        raise Unavailable(str(getattr(e, "orig", None) or e).splitlines()[0]) from e
+    finally:
+        engine.dispose()
+    if found == migrate.head():
+        return f"reachable, schema at this release's ({found})"
+    return (
+        f"reachable, schema {found or 'unstamped'}: serve upgrades it to {migrate.head()} "
+        "when it starts"
+    )

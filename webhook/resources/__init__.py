@@ -1,10 +1,12 @@
-"""Where slurmedic's shipped files live: playbooks, inventory, alert rules, dashboards.
+"""Where slurmedic's shipped files live: playbooks, inventory, alert rules, dashboards, the
+rules' runbooks and the deployment examples.
 
-The repo's top-level folders (`playbooks/`, `inventory/`, `alert_rules/`, `dashboards/`) are
-their source: operators, promtool and ansible-lint use them there. This package holds symbolic
-links to them, so a checkout (or an editable install) reads the repo's own files, and a wheel
-build copies what the links point at into the package (pyproject.toml's package-data). Every
-other module asks here instead of working out paths from its own file.
+The repo's top-level folders (`playbooks/`, `inventory/`, `alert_rules/`, `dashboards/`,
+`docs/runbooks/`, `examples/`) are their source: operators, promtool and ansible-lint use
+them there. This package holds symbolic links to them, so a checkout (or an editable install)
+reads the repo's own files, and a wheel build copies what the links point at into the package
+(pyproject.toml's package-data). Every other module asks here instead of working out paths
+from its own file.
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ ALERT_RULES = _folder("alert_rules")  # rendered rules, templates/, config.yml, 
 MTAIL_PROGRAMS = ALERT_RULES / "mtail"
 ALERTMANAGER_EXAMPLE = ALERT_RULES / "alertmanager.yml"
 DASHBOARDS = _folder("dashboards")
+RUNBOOKS = _folder("runbooks")
+EXAMPLES = _folder("examples")
+# What `slurmedic files export` writes, by the name of its folder there.
+SHIPPED = {
+    "alert_rules": ALERT_RULES,
+    "dashboards": DASHBOARDS,
+    "playbooks": PLAYBOOKS,
+    "inventory": INVENTORY.parent,
+    "runbooks": RUNBOOKS,
+    "examples": EXAMPLES,
+}
 
 
 def playbook(name: str) -> Path:

@@ -1,0 +1,364 @@
+"""`slurmedic doctor`: whether this host and site can run slurmedic, checked without changing
+anything. Each check says what it found; one that fails says what to do. Exit 1 when any
+fails (a warning does not fail it).
+
+The checks run in order, and a check whose input failed is skipped, saying so: no Slurm, no
+comparison of host names with Slurm's nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import click
+import requests
+
+from webhook.adapters.prometheus import Prometheus, PrometheusError
+from webhook.adapters.slurm import SlurmCluster, SlurmError, SlurmSnapshot
+from webhook.cli.common import config_option
+from webhook.core.evidence import node_label
+from webhook.core.node_names import check_hosts
+from webhook.core.policy import Policy, PolicyError, load_policy
+from webhook.executor.fitness import unfit_to_run
+from webhook.files import FileError, load_mapping
+from webhook.ledger.store import Unavailable, probe
+from webhook.rules.render import RulesError, RuleSource
+from webhook.service.config import ConfigError, ServiceConfig, load_config
+
+Status = Literal["ok", "warn", "fail", "skip"]
+MARK = {"ok": "[green]  ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]", "skip": "skip"}
+
+# Where alerts take their node from (webhook.core.evidence.node_label), per source of alerts:
+# what Prometheus holds for each, as the rules read it.
+HOST_SOURCES = {
+    "dcgm-exporter": "group by (node, hostname, Hostname, instance) (DCGM_FI_DEV_GPU_UTIL)",
+    "node-exporter (fabric)": "group by (node, hostname, instance) (node_infiniband_state_id)",
+    "job logs (mtail)": 'group by (node) ({__name__=~"training_log_.+_total"})',
+    "training progress (Pushgateway)": "group by (node) (training_step)",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class Site:
+    """What the checks found so far, for the checks after them."""
+
+    config_path: Path | None
+    policy_path: Path | None
+    rules_config: Path | None
+    prometheus_url: str | None
+    config: ServiceConfig | None = None
+    policy: Policy | None = None
+    slurm: SlurmSnapshot | None = None
+    found: list[Finding] = field(default_factory=list)
+
+
+Check = Callable[[Site], Iterator[Finding]]
+
+
+def _config(site: Site) -> Iterator[Finding]:
+    where = str(site.config_path) if site.config_path else "the embedded defaults"
+    try:
+        site.config = load_config(site.config_path)
+    except ConfigError as e:
+        yield Finding("config", "fail", str(e), "mend the key it names (docs/operations.md)")
+        return
+    yield Finding("config", "ok", f"{where}: valid")
+    try:
+        site.config.auth.secrets()
+        if site.config.console.enabled:
+            site.config.console.secret_key()
+    except ConfigError as e:
+        yield Finding("secrets", "fail", str(e), "create the file it names, mode 0600")
+        return
+    loose = [
+        f"{key}: {path} (mode {path.stat().st_mode & 0o777:04o})"
+        for key, path in _secret_files(site.config)
+        if path.stat().st_mode & 0o077
+    ]
+    if loose:
+        yield Finding("secrets", "warn", "readable by others: " + "; ".join(loose), "chmod 600")
+    elif site.config.auth.bearer_token_file or site.config.auth.bearer_token_env:
+        yield Finding("secrets", "ok", "the webhook's credentials are readable by their owner only")
+    else:
+        yield Finding(
+            "secrets",
+            "warn",
+            "no credentials configured: anyone who reaches the webhook can post alerts",
+            "set auth.bearer_token_file (and Alertmanager's authorization.credentials_file)",
+        )
+
+
+def _secret_files(config: ServiceConfig) -> Iterator[tuple[str, Path]]:
+    for key, path in (
+        ("auth.bearer_token_file", config.auth.bearer_token_file),
+        ("auth.basic_password_file", config.auth.basic_password_file),
+        ("console.secret_key_file", config.console.secret_key_file),
+    ):
+        if path is not None and path.exists():
+            yield key, path
+
+
+def _policy(site: Site) -> Iterator[Finding]:
+    path = site.policy_path or (site.config.policy_file if site.config else None)
+    if path is None:
+        site.policy = Policy()
+        yield Finding("policy", "ok", "the defaults (monitor mode): no policy_file given")
+        return
+    try:
+        site.policy = load_policy(load_mapping(path, "policy file"))
+    except (FileError, PolicyError) as e:
+        yield Finding("policy", "fail", f"{path}: {e}", "mend the key it names")
+        return
+    modes = {site.policy.mode, *site.policy.actions.values()}
+    yield Finding("policy", "ok", f"{path}: valid; modes {', '.join(sorted(modes))}")
+
+
+def _rules(site: Site) -> Iterator[Finding]:
+    source = RuleSource(config_file=site.rules_config)
+    try:
+        values = source.config()
+        source.render()
+    except RulesError as e:
+        yield Finding("rules config", "fail", str(e), "mend the key it names")
+        return
+    what = str(site.rules_config) if site.rules_config else "the shipped config.yml"
+    yield Finding("rules config", "ok", f"{what}: renders; runbooks at {values['runbook_base']}")
+
+
+def _ledger(site: Site) -> Iterator[Finding]:
+    assert site.config is not None
+    try:
+        said = probe(site.config.database_url)
+    except Unavailable as e:
+        yield Finding(
+            "ledger",
+            "fail",
+            f"database_url: {e}",
+            "check database_url, that the database runs and this host may reach it",
+        )
+        return
+    yield Finding("ledger", "ok", said)
+    relative = [
+        f"{key} {path} (here: {Path.cwd() / path})"
+        for key, path in (
+            ("database_url", _sqlite_path(site.config.database_url)),
+            ("executor.artifacts_dir", site.config.executor.artifacts_dir),
+        )
+        if path is not None and not path.is_absolute()
+    ]
+    if relative:
+        yield Finding(
+            "paths",
+            "warn",
+            "relative to the working directory: " + "; ".join(relative),
+            "give absolute paths, or run it with a fixed WorkingDirectory (docs/deploy.md)",
+        )
+
+
+def _sqlite_path(url: str) -> Path | None:
+    prefix = "sqlite:///"
+    return Path(url.removeprefix(prefix)) if url.startswith(prefix) else None
+
+
+def _slurm(site: Site) -> Iterator[Finding]:
+    assert site.config is not None
+    cluster = SlurmCluster(env=site.config.cluster.slurm_env())
+    try:
+        site.slurm = snap = cluster.snapshot()
+    except SlurmError as e:
+        yield Finding(
+            "slurm",
+            "fail",
+            str(e),
+            "check cluster.slurm_conf and cluster.slurm_bin, munge, and that slurmctld answers "
+            "this host (`scontrol ping`)",
+        )
+        return
+    partitions = {p for n in snap.nodes for p in n.partitions}
+    yield Finding(
+        "slurm",
+        "ok",
+        f"Slurm {snap.release}: {len(snap.nodes):,} nodes in {len(partitions)} partition(s), "
+        f"{len(snap.jobs):,} jobs, {len(snap.switches)} switch(es) in its topology",
+    )
+    user = pwd.getpwuid(os.getuid()).pw_name
+    if os.getuid() == 0:
+        yield Finding("slurm rights", "ok", "runs as root: Slurm allows every command it runs")
+    else:
+        yield Finding(
+            "slurm rights",
+            "warn",
+            f"runs as {user}: not probed (drains, requeues and holds of other users' jobs need "
+            "Slurm's administrator rights; a probe would change the cluster)",
+            "give the user AdminLevel=Admin (docs/deploy.md, 'What the site provides')",
+        )
+
+
+def _executor(site: Site) -> Iterator[Finding]:
+    assert site.config is not None
+    if not site.config.executor.enabled:
+        yield Finding("executor", "ok", "disabled: decisions are recorded, no playbook runs")
+        return
+    if (unfit := unfit_to_run()) is not None:
+        yield Finding("executor", "fail", f"cannot run playbooks: {unfit}", "free the disk")
+        return
+    inventory = site.config.executor.inventory
+    if inventory is not None and not inventory.exists():
+        yield Finding(
+            "executor", "fail", f"executor.inventory: {inventory} does not exist", "fix the path"
+        )
+        return
+    yield Finding("executor", "ok", f"playbooks can run (inventory: {inventory or 'shipped'})")
+
+
+def _prometheus(site: Site) -> Iterator[Finding]:
+    assert site.config is not None
+    url = site.prometheus_url or site.config.verification.prometheus_url
+    if not url:
+        yield Finding(
+            "prometheus",
+            "warn",
+            "no Prometheus given: recoveries are not verified and host names not compared",
+            "set verification.prometheus_url (or give --prometheus)",
+        )
+        return
+    prom = Prometheus(url, timeout=10)
+    try:
+        up = prom.query("up")
+    except PrometheusError as e:
+        yield Finding("prometheus", "fail", str(e), "check the URL and that it answers")
+        return
+    jobs = sorted({s["metric"].get("job", "") for s in up})
+    yield Finding("prometheus", "ok", f"{url}: {len(up)} targets in jobs {', '.join(jobs)}")
+    if site.slurm is None or site.policy is None:
+        yield Finding("host names", "skip", "needs Slurm's nodes and a valid policy")
+        return
+    nodes = {n.name for n in site.slurm.nodes}
+    for source, expr in HOST_SOURCES.items():
+        try:
+            series = prom.query(expr)
+        except PrometheusError as e:
+            yield Finding(f"hosts: {source}", "fail", str(e))
+            continue
+        hosts = [h for s in series if (h := node_label(s["metric"])) is not None]
+        if not hosts:
+            yield Finding(
+                f"hosts: {source}",
+                "warn",
+                "no series: its alerts cannot fire",
+                "scrape it (docs/deploy.md, 'Prometheus')",
+            )
+            continue
+        found = check_hosts(hosts, nodes, site.policy.node_names)
+        status: Status = "fail" if found.unmatched else "ok"
+        yield Finding(f"hosts: {source}", status, found.summary())
+
+
+def _alertmanager(site: Site) -> Iterator[Finding]:
+    assert site.config is not None
+    url = site.config.notify.alertmanager_url
+    if not url:
+        yield Finding(
+            "alertmanager",
+            "warn",
+            "notify.alertmanager_url unset: escalations and notices reach nobody",
+            "set it to the site's Alertmanager",
+        )
+        return
+    try:
+        r = requests.get(f"{url.rstrip('/')}/api/v2/status", timeout=10)
+        r.raise_for_status()
+        version = r.json().get("versionInfo", {}).get("version", "?")
+    except (requests.RequestException, ValueError) as e:
+        yield Finding("alertmanager", "fail", f"{url}: {e}", "check notify.alertmanager_url")
+        return
+    yield Finding("alertmanager", "ok", f"{url}: Alertmanager {version} answers")
+
+
+# In order: each may need what those before it found.
+CHECKS: tuple[tuple[str, Check, tuple[str, ...]], ...] = (
+    ("config", _config, ()),
+    ("policy", _policy, ()),
+    ("rules config", _rules, ()),
+    ("ledger", _ledger, ("config",)),
+    ("slurm", _slurm, ("config",)),
+    ("executor", _executor, ("config",)),
+    ("prometheus", _prometheus, ("config",)),
+    ("alertmanager", _alertmanager, ("config",)),
+)
+
+
+def examine(site: Site) -> list[Finding]:
+    failed: set[str] = set()
+    for name, check, needs in CHECKS:
+        if missing := [n for n in needs if n in failed]:
+            site.found.append(Finding(name, "skip", f"needs a valid {', '.join(missing)}"))
+            failed.add(name)
+            continue
+        for f in check(site):
+            site.found.append(f)
+            if f.status == "fail":
+                failed.add(name)
+    return site.found
+
+
+@click.command()
+@config_option
+@click.option(
+    "--policy", "policy_path", type=click.Path(path_type=Path), help="Policy file to check."
+)
+@click.option(
+    "--rules-config",
+    type=click.Path(path_type=Path),
+    help="The site's rules config (`rules render --config`); the shipped one otherwise.",
+)
+@click.option("--prometheus", "prometheus_url", help="Prometheus URL (default: the config's).")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def doctor(
+    config_path: Path | None,
+    policy_path: Path | None,
+    rules_config: Path | None,
+    prometheus_url: str | None,
+    as_json: bool,
+) -> None:
+    """Check the config, policy and rules, and reach the ledger, Slurm, Prometheus and
+    Alertmanager, changing nothing; compare the hosts alerts will name with Slurm's nodes."""
+    # What the config's loader would log (a secret file others can read) is a finding here.
+    logging.getLogger("slurmedic.config").setLevel(logging.ERROR)
+    site = Site(config_path, policy_path, rules_config, prometheus_url)
+    found = examine(site)
+    if as_json:
+        click.echo(json.dumps([asdict(f) for f in found], indent=1))
+    else:
+        _print(found)
+    if any(f.status == "fail" for f in found):
+        raise SystemExit(1)
+
+
+def _print(found: list[Finding]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    out = Console(highlight=False, soft_wrap=True)
+    for f in found:
+        out.print(f"{MARK[f.status]} {f.check}: {escape(f.detail)}")
+        if f.fix and f.status in ("fail", "warn"):
+            out.print(f"       fix: {escape(f.fix)}")
+    counts: dict[str, Any] = {s: sum(f.status == s for f in found) for s in ("fail", "warn")}
+    verdict = "not ready" if counts["fail"] else "ready"
+    out.print(f"{verdict}: {counts['fail']} failed, {counts['warn']} warning(s)")
