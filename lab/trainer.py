@@ -204,7 +204,16 @@ def main(argv: list[str] | None = None) -> int:
     # discovers from its end (every 250 ms), so lines written before it looks are never seen.
     time.sleep(STARTUP_SECONDS)
     os.environ.setdefault("SLURMEDIC_PUSHGATEWAY", cfg.pushgateway_url)
-    return Rank(args, cfg).run()
+    # The lab's steps take 0.5 s and Prometheus scrapes every second: a push every step, as
+    # the lab's tests expect, rather than the 15 s a real job would use.
+    os.environ.setdefault("SLURMEDIC_PUSH_INTERVAL", "0.1")
+    rank = Rank(args, cfg)
+    try:
+        return rank.run()
+    finally:
+        # Every way out, a crash's and the NCCL watchdog's sys.exit too: the rank's last step
+        # reaches the Pushgateway, as a crashed rank's did when every step was pushed at once.
+        rank.reporter.close()
 
 
 if __name__ == "__main__":

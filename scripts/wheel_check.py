@@ -265,8 +265,11 @@ os.environ.update({
 from slurmedic_progress import ProgressReporter
 
 progress = ProgressReporter.from_env()
+progress.flush()  # pushes go from a thread of their own; flush waits for each here
 progress.step(1, 0.25)
+progress.flush()
 progress.checkpoint(1)
+progress.close()  # the last push sent, the thread gone
 server.shutdown()
 try:
     import webhook

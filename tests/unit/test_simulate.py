@@ -482,7 +482,7 @@ def test_slurmedic_simulate_adds_blips_on_request(tmp_path: Path):
     got = CliRunner().invoke(main, [*args, "--blips", "6", "--format", "json"])
     assert got.exit_code == 0, got.output
     out = json.loads(got.stdout)
-    assert out["config"]["blips"] == {"count": 6, "nodes": 4, "lasts": "PT1M30S"}
+    assert out["config"]["blips"] == {"count": 6, "nodes": 4, "lasts": "1m30s"}
     (o,) = out["outcomes"]
     assert o["blips"] == 6 and o["blips_seen"] >= 1
     md = CliRunner().invoke(main, [*args, "--blips", "6"])
