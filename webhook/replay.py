@@ -1,6 +1,6 @@
 """`slurmedic replay`: the real core over a scenario file, on a simulated clock.
 
-The format and the output are a public contract (the README's "Running slurmedic"): old files must
+The format and the output are a public contract (docs/scenarios.md): old files must
 keep working. A file that is not a valid scenario raises ScenarioError naming the field.
 """
 

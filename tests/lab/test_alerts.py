@@ -58,7 +58,7 @@ FAULTS = [
     ({"kind": "ecc_dbe", "count": 2}, "GpuDoubleBitEccErrors", "gpu_hw"),
     # A failed row remap raises both alerts, in the same job attempt.
     ({"kind": "row_remap_failure"}, "GpuRowRemapFailure+GpuUncorrectableRemappedRows", "gpu_hw"),
-    # Corrected errors: the GPU still works (DESIGN.md, gpu_degraded).
+    # Corrected errors: the GPU still works (docs/operations.md, gpu_degraded).
     ({"kind": "nvlink", "rate": 50}, "GpuNvlinkErrors", "gpu_degraded"),
     ({"kind": "pcie", "rate": 200}, "GpuPcieReplays", "gpu_degraded"),
     ({"kind": "thermal"}, "GpuThrottled", "straggler"),

@@ -1,10 +1,12 @@
 """The training simulator: progress to Prometheus, log lines to mtail, resume after requeue."""
 
+import os
+import signal
 from collections.abc import Callable
 
 import pytest
 
-from lab import manage
+from lab import manage, processes
 from lab.config import LabConfig
 from lab.slurm import slurm
 from tests.lab.conftest import eventually, joblog, next_attempt, query, running_nodes
@@ -43,6 +45,44 @@ def test_progress_reaches_prometheus(lab_cfg: LabConfig, submit: Callable[..., i
         what="a checkpoint",
     )
     assert ckpt[0]["value"] % 5 == 0
+
+
+def trained(cfg: LabConfig, job: int) -> int:
+    """The last step every rank of the job's first attempt finished, from the ranks' own
+    record (the files their collective reads), not from what they pushed."""
+    found = [
+        int(p.read_text() or 0) for p in (cfg.jobs / str(job) / "progress" / "0").glob("rank*")
+    ]
+    return min(found) if found else 0
+
+
+def test_a_hung_pushgateway_holds_no_step_back(
+    lab_cfg: LabConfig, submit: Callable[..., int]
+) -> None:
+    """The Pushgateway stopped (SIGSTOP: it takes connections and never answers) while a job
+    trains: the ranks keep stepping and checkpointing, and once it answers again their progress
+    reaches Prometheus. (What a step costs meanwhile is measured: bench.reporter_cost.)"""
+    job = submit(nodes=2)
+    running_nodes(lab_cfg, job)
+    eventually(lambda: len(steps(lab_cfg, job)) == 2, what="progress of 2 ranks")
+    pid = processes.read_pid(lab_cfg, "pushgateway")
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        at_stop = trained(lab_cfg, job)
+        # Two checkpoints' worth of steps (ckpt_every 10) while every push hangs.
+        eventually(
+            lambda: trained(lab_cfg, job) >= at_stop + 20,
+            timeout=90,
+            what="20 steps while it hangs",
+        )
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    eventually(
+        lambda: min(steps(lab_cfg, job).values()) >= at_stop + 20,
+        timeout=60,
+        what="the steps trained meanwhile in Prometheus",
+    )
 
 
 def test_mtail_counts_nccl_timeouts_of_the_ranks_left_waiting(
@@ -110,7 +150,7 @@ def test_requeued_job_resumes_from_its_checkpoint(
     ckpt_q = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}})'
     eventually(lambda: (r := query(lab_cfg, ckpt_q)) and r[0]["value"] >= 10, what="checkpoint 10")
     bad = nodes[1]
-    # DESIGN.md's requeue with exclusion: requeuehold, ExcNodeList, release.
+    # The requeue with exclusion (docs/architecture.md): requeuehold, ExcNodeList, release.
     slurm(lab_cfg, "scontrol", "requeuehold", str(job))
     slurm(lab_cfg, "scontrol", "update", f"jobid={job}", f"ExcNodeList={bad}")
     slurm(lab_cfg, "scontrol", "release", str(job))

@@ -92,7 +92,7 @@ def test_scenario(path: Path) -> None:
         assert_playbooks_take(d)
     expect = spec.get("expect") or {}
     assert expect, f"{path.name} has no expect"
-    # One incident gives at most one decision per action (DESIGN.md) in force: a superseded
+    # One incident gives at most one decision per action (docs/operations.md) in force: a superseded
     # one was replaced by a revision.
     per_action = [(d["incident"], d["action"]) for d in decisions if d["state"] != "superseded"]
     assert len(set(per_action)) == len(per_action), per_action

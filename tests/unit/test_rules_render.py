@@ -29,7 +29,7 @@ def test_committed_rule_files_match_a_fresh_render() -> None:
 
 
 def test_every_alert_carries_the_contract() -> None:
-    """DESIGN.md's alert contract: severity, signal, summary/description/runbook_url.
+    """docs/rules.md's alert contract: severity, signal, summary/description/runbook_url.
 
     Alerts about slurmedic itself (slurmedic.rules.yml) go to people, never to the engine: they
     carry no `signal`, so Alertmanager's slurmedic route cannot match them.
@@ -74,7 +74,7 @@ def test_every_alert_is_in_the_runbook_table() -> None:
 
 
 def test_every_rule_file_has_a_promtool_test_of_each_alert_firing_and_quiet() -> None:
-    """DESIGN.md: every alert is tested with promtool, firing and staying silent."""
+    """docs/rules.md: every alert is tested with promtool, firing and staying silent."""
     for file, names in _alerts_by_file().items():
         test_file = RULES_DIR / "tests" / file.replace(".rules.yml", ".rules.test.yml")
         assert test_file.exists(), f"{file} has no {test_file.name}"

@@ -92,7 +92,7 @@ def test_codes_of_node_and_application_actions_are_all_classified() -> None:
 
 
 def test_contained_holds_exactly_the_restart_app_codes_whose_application_was_a_victim() -> None:
-    """DESIGN.md: where the catalog's investigatory column says "IGNORE (sympathetic)", the
+    """docs/operations.md: where the catalog's investigatory column says "IGNORE (sympathetic)", the
     application that hit the XID was its victim: it restarts and the GPU is reset when
     convenient (gpu_degraded), never the owner's bug (gpu_app)."""
     victims = {

@@ -7,7 +7,7 @@ Three records, each from its own adapter:
 - node events (Slurm accounting: `sacctmgr show event`), who took a node out of service, when
   and why, as `NodeEvent`s.
 
-`scenario` turns them into the replay contract's format (the README's "Running slurmedic"), so the
+`scenario` turns them into the replay contract's format (docs/scenarios.md), so the
 backtest runs the real core exactly as `slurmedic replay` does, and the scenario can be saved
 and replayed on its own.
 """

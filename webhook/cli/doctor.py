@@ -194,7 +194,7 @@ def _slurm(site: Site) -> Iterator[Finding]:
         "slurm",
         "ok",
         f"Slurm {snap.release}: {len(snap.nodes):,} nodes in {len(partitions)} partition(s), "
-        f"{len(snap.jobs):,} jobs, {len(snap.switches)} switch(es) in its topology",
+        f"{len(snap.jobs):,} job(s), {len(snap.switches)} switch(es) in its topology",
     )
     user = pwd.getpwuid(os.getuid()).pw_name
     if os.getuid() == 0:

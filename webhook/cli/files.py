@@ -5,7 +5,7 @@ and the deployment examples.
 
 With `--rules-config`, the rules are the site's: rendered with its config, and the promtool
 tests made to expect its `runbook_base` (a test of a threshold the site changed still fails,
-saying where the edge moved: README, "Rules").
+saying where the edge moved: docs/rules.md).
 """
 
 from __future__ import annotations
