@@ -31,14 +31,47 @@ def fqdn_lab(lab_cfg: LabConfig) -> Iterator[LabConfig]:
     restore(lab_cfg)
 
 
-def doctor(cfg: LabConfig, policy: Path) -> tuple[int, dict[str, dict[str, Any]]]:
+def site_config(cfg: LabConfig, tmp: Path) -> Path:
+    """examples/config.yml, exported as docs/deploy.md says, with the lab's hosts and paths."""
+    out = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "files", "export", str(tmp / "export")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip().endswith(f"in {tmp / 'export'}")
+    lab = yaml.safe_load(cfg.slurmedic_config.read_text())
+    site = yaml.safe_load((tmp / "export" / "examples" / "config.yml").read_text())
+    token = tmp / "webhook.token"
+    token.write_text("site-token\n")
+    token.chmod(0o600)
+    site |= {
+        "listen": "127.0.0.1:1",  # doctor binds nothing
+        "database_url": f"sqlite:///{tmp / 'ledger.db'}",
+        "auth": {"bearer_token_file": str(token)},
+        "policy_file": str(tmp / "export" / "examples" / "policy.yml"),
+        "cluster": lab["cluster"],
+        "executor": {**site["executor"], **lab["executor"]},
+        "verification": lab["verification"],
+        "notify": lab["notify"],
+        "console": lab["console"],
+    }
+    path = tmp / "site-config.yml"
+    path.write_text(yaml.safe_dump(site))
+    return path
+
+
+def doctor(
+    cfg: LabConfig, policy: Path, config: Path | None = None
+) -> tuple[int, dict[str, dict[str, Any]]]:
     out = subprocess.run(
         [
             sys.executable,
             "-m",
             "webhook.cli",
             "doctor",
-            f"--config={cfg.slurmedic_config}",
+            f"--config={config or cfg.slurmedic_config}",
             f"--policy={policy}",
             "--json",
         ],
@@ -97,6 +130,14 @@ def test_doctor_says_the_lab_is_ready_and_finds_fqdn_host_names(
     )
     code, found = doctor(cfg, mapping)
     assert code == 0 and found["hosts: dcgm-exporter"]["status"] == "ok", found
+
+    # As a site that follows docs/deploy.md: the shipped examples exported, pointed at this
+    # cluster, its policy (strip_domain, as shipped) as it is: doctor is green.
+    site = site_config(cfg, tmp_path)
+    code, found = doctor(cfg, tmp_path / "export" / "examples" / "policy.yml", config=site)
+    assert code == 0, found
+    assert found["hosts: dcgm-exporter"]["detail"] == "all 8 hosts are nodes of the cluster"
+    assert {f["status"] for f in found.values()} <= {"ok", "warn"}
 
     # The running slurmedic reads them through strip_domain: an XID 79 on an FQDN host is
     # the Slurm node's failure (a drain of it, a requeue away from it, recorded: monitor mode).
