@@ -145,13 +145,16 @@ def check_serve(slurmedic: str, work: Path, env: dict[str, str]) -> None:
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
+
+    def loop_runs() -> bool:
+        # No Slurm here: its loop runs and says so, not ready (a site's is, once it reads one).
+        status, answer = http(f"{url}/readyz")
+        said = json.loads(answer).get("reason", "") if status == 503 else ""
+        return status == 200 or said.startswith("the loop has not read the cluster from Slurm")
+
     try:
-        wait_for(
-            "slurmedic serve",
-            lambda: http(f"{url}/readyz")[0] == 200,
-            lambda: proc.poll() is None,
-            60,
-        )
+        wait_for("slurmedic serve", loop_runs, lambda: proc.poll() is None, 60)
+        print(f"   /readyz: {http(f'{url}/readyz')[1].decode()[:300]}")
         body = PAYLOAD.read_bytes()
         status, _ = http(f"{url}/api/v1/alerts", body)
         check(status == 401, f"an unauthenticated POST got {status}, not 401")
