@@ -89,7 +89,7 @@ def fqdn_hosts(cfg: LabConfig) -> int:
     found = query(
         cfg, f'count(count by ({label}) (DCGM_FI_DEV_GPU_UTIL{{{label}=~".+[.]{DOMAIN}"}}))'
     )
-    return int(float(found[0]["value"][1])) if found else 0
+    return int(found[0]["value"]) if found else 0
 
 
 def test_doctor_says_the_lab_is_ready_and_finds_fqdn_host_names(

@@ -199,6 +199,12 @@ class SlurmCluster:
     def view(self) -> ClusterView:
         return self.snapshot().view()
 
+    def admin_level(self, user: str) -> str:
+        """The user's AdminLevel in Slurm's accounting (`Administrator`, `Operator`, `None`),
+        read without changing anything; SlurmError when accounting cannot be read."""
+        out = self._run("sacctmgr", "-nP", "show", "user", user, "format=adminlevel")
+        return out.strip().splitlines()[0] if out.strip() else "None"
+
 
 def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> str:
     """A Slurm client command's stdout; SlurmError naming the command and what it said."""

@@ -45,6 +45,15 @@ HOST_SOURCES = {
 }
 
 
+# What no series means for a source whose series appear only with their first event.
+EMPTY = {
+    "job logs (mtail)": "no series yet: mtail's counters appear with the first line they count "
+    "(none of the jobs' logs has failed, or mtail is not scraped)",
+    "training progress (Pushgateway)": "no series: no job reports its progress, or the "
+    "Pushgateway is not scraped",
+}
+
+
 @dataclass(frozen=True)
 class Finding:
     check: str
@@ -199,13 +208,37 @@ def _slurm(site: Site) -> Iterator[Finding]:
     user = pwd.getpwuid(os.getuid()).pw_name
     if os.getuid() == 0:
         yield Finding("slurm rights", "ok", "runs as root: Slurm allows every command it runs")
-    else:
+        return
+    # Measured in the lab (Slurm 22.05 and 24.11): Operator may hold, requeue, release, cancel
+    # and update other users' jobs, but slurmctld refuses it a node's drain or resume.
+    try:
+        level = cluster.admin_level(user)
+    except SlurmError as e:
         yield Finding(
             "slurm rights",
             "warn",
-            f"runs as {user}: not probed (drains, requeues and holds of other users' jobs need "
-            "Slurm's administrator rights; a probe would change the cluster)",
-            "give the user AdminLevel=Admin (docs/deploy.md, 'What the site provides')",
+            f"runs as {user}; its AdminLevel could not be read ({e})",
+            "give it AdminLevel=Admin, or run slurmedic as root (docs/deploy.md)",
+        )
+        return
+    fix = f"sacctmgr modify user {user} set adminlevel=Admin"
+    if level == "Administrator":
+        yield Finding("slurm rights", "ok", f"runs as {user}, AdminLevel Administrator")
+    elif level == "Operator":
+        yield Finding(
+            "slurm rights",
+            "fail",
+            f"runs as {user}, AdminLevel Operator: it may requeue, hold and release jobs, but "
+            "slurmctld refuses an Operator a node's drain or resume",
+            fix,
+        )
+    else:
+        yield Finding(
+            "slurm rights",
+            "fail",
+            f"runs as {user}, AdminLevel {level}: slurmctld refuses it every action on "
+            "other users' jobs and on nodes",
+            fix,
         )
 
 
@@ -260,7 +293,7 @@ def _prometheus(site: Site) -> Iterator[Finding]:
             yield Finding(
                 f"hosts: {source}",
                 "warn",
-                "no series: its alerts cannot fire",
+                EMPTY.get(source, "no series: its alerts cannot fire"),
                 "scrape it (docs/deploy.md, 'Prometheus')",
             )
             continue
