@@ -113,7 +113,9 @@ def test_a_setting_is_checked_when_it_is_made() -> None:
 
 def test_every_key_has_one_model() -> None:
     keys = [kind.key for kind in SETTINGS]
-    assert sorted(keys) == ["breaker", "jobs", "loop", "modes", "nodes", "switch"]
+    assert sorted(keys) == [
+        "breaker", "jobs", "loop", "modes", "nodes", "switch", "unmatched", "view"
+    ]  # fmt: skip
 
 
 def test_the_cli_says_which_setting_is_corrupt(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from flask import Blueprint, current_app, jsonify
 from sqlalchemy.exc import SQLAlchemyError
 
 from webhook.executor.fitness import unfit_to_run
-from webhook.ledger.settings import CorruptSetting, Heartbeat
+from webhook.ledger.settings import CorruptSetting, Heartbeat, ViewSeen
 from webhook.ledger.store import Ledger, Unavailable
 
 health = Blueprint("health", __name__)
@@ -55,15 +55,15 @@ def _not_deciding(ledger: Ledger, ext: dict[str, Any]) -> str | None:
     """Why the leader's loop does not decide now: it has not completed a step lately, or its
     view of the cluster is stale (Slurm's own answer, when it gave one). None: it decides."""
     try:
-        beat = ledger.setting(Heartbeat)
+        beat, view = ledger.setting(Heartbeat), ledger.setting(ViewSeen)
     except CorruptSetting as e:
         return str(e)
     now = time.time()
-    slurm = f": Slurm said {beat.slurm_error}" if beat.slurm_error else ""
-    if not beat.view_at:
+    slurm = f": Slurm said {view.slurm_error}" if view.slurm_error else ""
+    if not view.at:
         return f"{NO_VIEW}{slurm}"
-    if now - beat.view_at > ext["view_stale"]:
-        return f"the cluster view is {now - beat.view_at:.0f} s old{slurm}"
+    if now - view.at > ext["view_stale"]:
+        return f"the cluster view is {now - view.at:.0f} s old{slurm}"
     if not beat.at or now - beat.at > ext["tick_stale"]:
         since = "never" if not beat.at else f"{now - beat.at:.0f} s ago"
         return f"the loop has not completed a step lately (last: {since})"

@@ -48,6 +48,7 @@ from webhook.ledger.settings import (
     S,
     Switch,
     Unmatched,
+    ViewSeen,
 )
 from webhook.ledger.store import Ledger
 
@@ -339,19 +340,20 @@ class LedgerCollector(Collector):
         yield GaugeMetricFamily(
             "slurmedic_loop_last_tick_timestamp_seconds",
             "When the decision loop last completed a step (0: never).",
-            value=(beat := self._setting(Heartbeat)).at,
+            value=self._setting(Heartbeat).at,
         )
+        view = self._setting(ViewSeen)
         yield GaugeMetricFamily(
             "slurmedic_cluster_view_age_seconds",
             "How old the loop's view of the cluster is: since it last read Slurm successfully "
             "(+Inf: never).",
-            value=time.time() - beat.view_at if beat.view_at else math.inf,
+            value=time.time() - view.at if view.at else math.inf,
         )
         yield GaugeMetricFamily(
             "slurmedic_slurm_up",
             "1 when the loop's last read of Slurm succeeded, 0 while it fails (its log and "
             "/readyz say what Slurm answered).",
-            value=0 if beat.slurm_error or not beat.view_at else 1,
+            value=0 if view.slurm_error or not view.at else 1,
         )
         unmatched = self._setting(Unmatched)
         yield CounterMetricFamily(

@@ -42,14 +42,22 @@ class Switch(_Value):
 
 
 class Heartbeat(_Value):
-    """When the live loop last completed a step, and last read the cluster from Slurm (Unix
-    seconds; 0: never); what Slurm said when a read last failed, while it fails."""
+    """When the live loop last completed a step (Unix seconds; 0: never)."""
 
     key: ClassVar[str] = "loop"
     repair: ClassVar[str] = "the live loop writes it anew within seconds"
     EVERY: ClassVar[float] = 5.0  # seconds between writes
     at: float = 0.0
-    view_at: float = 0.0
+
+
+class ViewSeen(_Value):
+    """When the live loop last read the cluster from Slurm (Unix seconds; 0: never), and what
+    Slurm said when a read last failed, while it fails. (A key of its own: a release that
+    reads `loop` as it always was may run beside this one during an upgrade.)"""
+
+    key: ClassVar[str] = "view"
+    repair: ClassVar[str] = "the live loop writes it anew within seconds"
+    at: float = 0.0
     slurm_error: str = ""
 
 
@@ -132,9 +140,9 @@ class Unmatched(_Value):
         return Unmatched(alerts=alerts, hosts=dict(kept))
 
 
-SETTINGS = (Breaker, Switch, Heartbeat, Jobs, Nodes, Modes, Unmatched)
-Setting = Breaker | Switch | Heartbeat | Jobs | Nodes | Modes | Unmatched
-S = TypeVar("S", Breaker, Switch, Heartbeat, Jobs, Nodes, Modes, Unmatched)
+SETTINGS = (Breaker, Switch, Heartbeat, Jobs, Nodes, Modes, Unmatched, ViewSeen)
+Setting = Breaker | Switch | Heartbeat | Jobs | Nodes | Modes | Unmatched | ViewSeen
+S = TypeVar("S", Breaker, Switch, Heartbeat, Jobs, Nodes, Modes, Unmatched, ViewSeen)
 
 
 class CorruptSetting(ValueError):

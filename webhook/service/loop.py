@@ -42,6 +42,7 @@ from webhook.ledger.settings import (
     NodeSeen,
     Switch,
     Unmatched,
+    ViewSeen,
 )
 from webhook.ledger.store import Ledger
 from webhook.service.notify import Notifier
@@ -387,8 +388,8 @@ class LiveLoop:
         self.heartbeat_at = time.monotonic()
         now = self.clock()
         view_at = self.view_wall.timestamp() if self.view_wall is not None else 0.0
-        beat = Heartbeat(at=self.ticked_at, view_at=view_at, slurm_error=self.slurm_error[:500])
-        self.ledger.put(beat, now)
+        self.ledger.put(Heartbeat(at=self.ticked_at), now)
+        self.ledger.put(ViewSeen(at=view_at, slurm_error=self.slurm_error[:500]), now)
         return True
 
     def _publish_nodes(self) -> None:
