@@ -35,9 +35,10 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from slurmedic_progress import CONTENT_TYPE, DEFAULT_TIMEOUT, ProgressReporter
+
+from tests.local_server import put_server
 
 SLOW_SECONDS = 2.0
 OLD_TIMEOUT = 1.0  # the synchronous reporter's
@@ -60,29 +61,11 @@ def stand_in(delay: float | None) -> Iterator[str]:
     """A loopback gateway answering 200 after `delay` seconds (None: never, until it stops)."""
     stop = threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_PUT(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            if stop.wait(delay):
-                return  # stopping: drop the connection unanswered
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    def answer(_path: str, _type: str, _body: str) -> int | None:
+        return None if stop.wait(delay) else 200  # stopping: dropped unanswered
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        stop.set()
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with put_server(answer, on_stop=stop.set) as url:
+        yield url
 
 
 @contextmanager

@@ -418,7 +418,7 @@ def gpu_label_sets(cfg: LabConfig, node: str, job: Job | None) -> list[str]:
     exporter = NodeExporter(cfg, node, None)  # type: ignore[arg-type]
     jid = job.id if job else None
     return [
-        _labels([*exporter.gpu_labels(gpu, jid), ("instance", f"{node}:9400")])
+        _labels([*exporter.gpu_labels(gpu, jid, node), ("instance", f"{node}:9400")])
         for gpu in range(GPUS_PER_NODE)
     ]
 

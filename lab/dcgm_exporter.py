@@ -134,16 +134,15 @@ class NodeExporter:
     def __init__(self, cfg: LabConfig, node: str, view: SlurmView) -> None:
         self.cfg, self.node, self.view = cfg, node, view
         self.uuids = [gpu_uuid(node, g) for g in range(cfg.gpus_per_node)]
-        self.host = node  # as its host label says (render reads the lab's domain, if any)
 
-    def gpu_labels(self, gpu: int, job: int | None) -> list[tuple[str, str]]:
+    def gpu_labels(self, gpu: int, job: int | None, host: str) -> list[tuple[str, str]]:
         labels = [
             ("gpu", str(gpu)),
             ("UUID", self.uuids[gpu]),
             ("pci_bus_id", gpu_bus_id(gpu)),
             ("device", f"nvidia{gpu}"),
             ("modelName", MODEL),
-            (self.cfg.dcgm_host_label, self.host),
+            (self.cfg.dcgm_host_label, host),
             ("DCGM_FI_DRIVER_VERSION", DRIVER),
         ]
         return [*labels, ("hpc_job", str(job))] if job is not None else labels
@@ -154,7 +153,8 @@ class NodeExporter:
             domain = self.cfg.dcgm_domain_file.read_text().strip()
         except OSError:
             domain = ""
-        self.host = f"{self.node}.{domain}" if domain else self.node
+        # As its host label says: Slurm's name, or with the lab's domain (`lab dcgm-domain`).
+        host = f"{self.node}.{domain}" if domain else self.node
         faults = [f for f in load_gpu_faults(self.cfg.faults_file).faults if f.node == self.node]
         job = self.view.job_on(self.node)
         samples: dict[str, list[str]] = {name: [] for name in (*GAUGES, *COUNTERS, XID_COUNT)}
@@ -162,7 +162,7 @@ class NodeExporter:
             mine = sorted((f for f in faults if f.gpu == gpu), key=lambda f: f.at)
             if any(f.kind == "gpu_lost" for f in mine):
                 continue  # fell off the bus: DCGM cannot read it any more
-            labels = self.gpu_labels(gpu, job)
+            labels = self.gpu_labels(gpu, job, host)
             for name, value in gpu_values(job is not None, mine, now).items():
                 samples[name].append(f"{name}{{{_labels(labels)}}} {value:g}")
             for code, n in sorted(xid_counts(mine, now).items()):

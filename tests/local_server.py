@@ -9,8 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +142,37 @@ def _is_loop(pid: int) -> bool:
     except OSError:
         return False
     return comm(pid) == LOOP_NAME or b"loop" in cmdline
+
+
+@contextmanager
+def put_server(
+    answer: Callable[[str, str, str], int | None], on_stop: Callable[[], None] = lambda: None
+) -> Iterator[str]:
+    """An HTTP server on a free loopback port (its URL yielded) that answers each PUT with the
+    status `answer(path, content type, body)` gives, or drops it unanswered for None: a
+    stand-in Pushgateway. `on_stop` runs first when it stops (to release a held request)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode()
+            status = answer(self.path, self.headers.get("Content-Type", ""), body)
+            if status is None:
+                return
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        on_stop()
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -462,9 +462,9 @@ def test_alerts_naming_no_node_are_shown_and_counted(
     fqdn = "gpu01.cluster.example.org"
 
     seen = Seen(
-        fqdn, "GpuXidNodeFault", "its short name gpu01 is a node: set node_names.strip_domain", T
+        fqdn, "GpuXidNodeFault", "its short name gpu01 is a node: set node_names.strip_domain", T, T
     )
-    seen.alerts, seen.last = 4, T
+    seen.alerts = 4
     ledger.put(Unmatched().add([seen]), T)
     assert metric(client, "slurmedic_alerts_unmatched_total") == {
         "slurmedic_alerts_unmatched_total": 4.0

@@ -10,12 +10,12 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import slurmedic_progress
 
+from tests.local_server import put_server
 from webhook import progress
 from webhook.progress import ProgressReporter
 
@@ -60,34 +60,17 @@ def gateway() -> Iterator[Gateway]:
     """A stand-in Pushgateway on loopback that records every request it answers."""
     gw = Gateway(url="")
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_PUT(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode()
-            if gw.hanging:
-                gw.held.set()
-                gw.release.wait()
-            with gw.answered:
-                gw.pushes.append(Push("PUT", self.path, self.headers["Content-Type"], body))
-                gw.answered.notify_all()
-            self.send_response(gw.status)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    def answer(path: str, content_type: str, body: str) -> int:
+        if gw.hanging:
+            gw.held.set()
+            gw.release.wait()
+        with gw.answered:
+            gw.pushes.append(Push("PUT", path, content_type, body))
+            gw.answered.notify_all()
+        return gw.status
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    gw.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with put_server(answer, on_stop=gw.release.set) as gw.url:
         yield gw
-    finally:
-        gw.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def closed_port() -> int:

@@ -27,17 +27,18 @@ def create_app(config: ServiceConfig, ledger: Ledger | None = None) -> Flask:
     app = Flask("slurmedic")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     token, basic = config.auth.secrets()
+    # A loop that has not beaten for this long is not running (/readyz); the leader's loop
+    # writes its last step every Heartbeat.EVERY on top of that.
+    loop_stale = max(config.replicas.lease_seconds, 3 * config.tick_seconds)
     app.extensions["slurmedic"] = {
         "ledger": ledger or Ledger(config.database_url),
         "token": token,
         "basic": basic,
         "metrics_ttl": config.metrics_cache_seconds,
         "replica": config.replica_name(),
-        # A loop that has not beaten for this long is not running (/readyz).
-        "loop_stale": max(config.replicas.lease_seconds, 3 * config.tick_seconds),
-        # The leader's loop writes its heartbeat every Heartbeat.EVERY; a view of the cluster
-        # older than this is stale (a few refreshes missed).
-        "tick_stale": max(config.replicas.lease_seconds, 3 * config.tick_seconds) + Heartbeat.EVERY,
+        "loop_stale": loop_stale,
+        "tick_stale": loop_stale + Heartbeat.EVERY,
+        # A view of the cluster older than this is stale (a few refreshes missed).
         "view_stale": max(30.0, 6 * config.cluster.refresh_seconds),
     }
 

@@ -30,7 +30,7 @@ from webhook.executor.fitness import unfit_to_run
 from webhook.files import FileError, load_mapping
 from webhook.ledger.store import Unavailable, probe
 from webhook.rules.render import RulesError, RuleSource
-from webhook.service.config import ConfigError, ServiceConfig, load_config
+from webhook.service.config import ConfigError, ServiceConfig, load_config, loose_mode
 
 Status = Literal["ok", "warn", "fail", "skip"]
 MARK = {"ok": "[green]  ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]", "skip": "skip"}
@@ -95,9 +95,9 @@ def _config(site: Site) -> Iterator[Finding]:
         yield Finding("secrets", "fail", str(e), "create the file it names, mode 0600")
         return
     loose = [
-        f"{key}: {path} (mode {path.stat().st_mode & 0o777:04o})"
+        f"{key}: {path} (mode {mode:04o})"
         for key, path in _secret_files(site.config)
-        if path.stat().st_mode & 0o077
+        if (mode := loose_mode(path)) is not None
     ]
     if loose:
         yield Finding("secrets", "warn", "readable by others: " + "; ".join(loose), "chmod 600")
@@ -157,7 +157,7 @@ def _ledger(site: Site) -> Iterator[Finding]:
         yield Finding(
             "ledger",
             "fail",
-            f"database_url: {e}",
+            str(e),
             "check database_url, that the database runs and this host may reach it",
         )
         return

@@ -399,7 +399,7 @@ class Engine:
         seen = self._unmatched.get(host)
         if seen is None:
             hint = self.policy.node_names.hint(host, self.view.nodes)
-            seen = self._unmatched[host] = Unmatched(host, ev.alertname, hint, at)
+            seen = self._unmatched[host] = Unmatched(host, ev.alertname, hint, at, at)
         seen.alerts += 1
         seen.last = at
 

@@ -101,8 +101,8 @@ class Unmatched:
     alertname: str
     hint: str
     first: datetime
+    last: datetime
     alerts: int = 0
-    last: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ class Unmatched(_Value):
                 hint=u.hint,
                 alerts=(old.alerts if old else 0) + u.alerts,
                 first=old.first if old else u.first,
-                last=u.last or u.first,
+                last=u.last,
             )
             alerts += u.alerts
         kept = sorted(hosts.items(), key=lambda kv: kv[1].last)[-self.MAX_HOSTS :]

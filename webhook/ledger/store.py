@@ -151,25 +151,7 @@ class Ledger:
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
-        try:
-            # A ping before each checkout finds a PostgreSQL connection the server dropped; a
-            # SQLite connection is a file handle, which nothing drops (the ping cost every
-            # payload 2 % of the webhook's CPU in a profile of bench.peer_eda).
-            self.engine: Engine = create_engine(
-                url,
-                pool_pre_ping=make_url(url).get_backend_name() != "sqlite",
-                connect_args=_connect_args(url),
-            )
-        except ModuleNotFoundError as e:
-            # The driver is an extra: `pip install 'slurmedic[postgres]'`, or from a wheel
-            # `pip install 'slurmedic-VERSION-py3-none-any.whl[postgres]'`.
-            raise Unavailable(
-                f"database_url: {make_url(url).get_backend_name()} needs the driver "
-                f"{e.name or 'its driver'}, which is not installed: install slurmedic with its "
-                "postgres extra (pip install 'slurmedic[postgres]', or 'FILE.whl[postgres]')"
-            ) from e
-        except (SQLAlchemyError, ValueError) as e:
-            raise Unavailable(f"database_url: {str(e).splitlines()[0]}") from e
+        self.engine: Engine = _engine(url)
         # The two statements of `store`, built once: every payload runs them (building them
         # cost more than running them on SQLite). The alerts' is one batch; RETURNING yields
         # only the rows inserted (rowcount of a batch is not portable across drivers).
@@ -180,10 +162,7 @@ class Ledger:
         )
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
-            if self.engine.url.database not in (None, "", ":memory:"):
-                path = Path(self.engine.url.database)
-                if not path.parent.is_dir():
-                    raise Unavailable(f"database_url: directory {path.parent} does not exist")
+            if (path := _sqlite_file(self.engine)) is not None:
                 if not create and not path.exists():
                     raise Unavailable(
                         f"database_url: no ledger at {path} (is this the service's config?)"
@@ -1213,26 +1192,56 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _engine(url: str) -> Engine:
+    """The engine of `url`; Unavailable, naming database_url, when it cannot be made."""
+    try:
+        # A ping before each checkout finds a PostgreSQL connection the server dropped; a
+        # SQLite connection is a file handle, which nothing drops (the ping cost every
+        # payload 2 % of the webhook's CPU in a profile of bench.peer_eda).
+        return create_engine(
+            url,
+            pool_pre_ping=make_url(url).get_backend_name() != "sqlite",
+            connect_args=_connect_args(url),
+        )
+    except ModuleNotFoundError as e:
+        # The driver is an extra: `pip install 'slurmedic[postgres]'`, or from a wheel
+        # `pip install 'slurmedic-VERSION-py3-none-any.whl[postgres]'`.
+        raise Unavailable(
+            f"database_url: {make_url(url).get_backend_name()} needs the driver "
+            f"{e.name or 'its driver'}, which is not installed: install slurmedic with its "
+            "postgres extra (pip install 'slurmedic[postgres]', or 'FILE.whl[postgres]')"
+        ) from e
+    except (SQLAlchemyError, ValueError) as e:
+        raise Unavailable(f"database_url: {str(e).splitlines()[0]}") from e
+
+
+def _sqlite_file(engine: Engine) -> Path | None:
+    """A SQLite ledger's file (None: not SQLite, or in memory); Unavailable when its directory
+    does not exist (no directory is ever made: a mistyped path is an error, not a new tree)."""
+    if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+        return None
+    path = Path(engine.url.database)
+    if not path.parent.is_dir():
+        raise Unavailable(
+            f"database_url: directory {path.parent} does not exist (serve makes none)"
+        )
+    return path
+
+
 def probe(url: str) -> str:
     """What a ledger at `url` is, read without changing it (`slurmedic doctor`): its schema
-    against this release's. Unavailable when it cannot be reached or read."""
+    against this release's. Unavailable, naming database_url, when it cannot be reached or
+    read."""
+    engine = _engine(url)
     try:
-        engine = create_engine(url, connect_args=_connect_args(url))
-    except ModuleNotFoundError as e:
-        raise Unavailable(f"{make_url(url).get_backend_name()} needs the driver {e.name}") from e
-    except (SQLAlchemyError, ValueError) as e:
-        raise Unavailable(str(e).splitlines()[0]) from e
-    if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
-        path = Path(engine.url.database)
-        if not path.parent.is_dir():
-            raise Unavailable(f"directory {path.parent} does not exist (serve makes none)")
-        if not path.exists():
+        path = _sqlite_file(engine)
+        if path is not None and not path.exists():
             return f"no ledger at {path} yet: serve creates it"
-    try:
         with engine.connect() as conn:
             found = migrate.revision(conn)
     except SQLAlchemyError as e:
-        raise Unavailable(str(getattr(e, "orig", None) or e).splitlines()[0]) from e
+        reason = str(getattr(e, "orig", None) or e).splitlines()[0]
+        raise Unavailable(f"database_url: {reason}") from e
     finally:
         engine.dispose()
     if found == migrate.head():

@@ -60,10 +60,16 @@ def _secret(key: str, path: Path) -> bytes:
         raise ConfigError(f"{key}: {e}") from e
     if not secret:
         raise ConfigError(f"{key}: {path} is empty")
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:  # anyone on the host could post alerts, or read the console's key
+    if (mode := loose_mode(path)) is not None:
         log.warning("%s: %s is readable by others (mode %04o): chmod 600 it", key, path, mode)
     return secret
+
+
+def loose_mode(path: Path) -> int | None:
+    """A secret file's mode when others than its owner may read it (anyone on the host could
+    post alerts, or sign a console session); None when only its owner may."""
+    mode = path.stat().st_mode & 0o777
+    return mode if mode & 0o077 else None
 
 
 class Cluster(_Strict):
