@@ -7,15 +7,19 @@ tests/lab/test_replicas.py).
   its mismatch recorded, counted and escalated.
 - A drain after which the node shows someone else's reason: the same.
 - A run whose replica's fence has run out sends Slurm nothing and is left `running` for the
-  leader (it may have lost its lease)."""
+  leader (it may have lost its lease).
+- A drain whose result could not be written (the database went away) is not a failed drain:
+  its requeue waits, and the next step carries both out."""
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from tests.service.conftest import stand_in
 from tests.service.test_replicas import T0, requeue
@@ -136,3 +140,35 @@ def test_a_run_whose_fence_ran_out_sends_nothing_and_is_left_running(
     rid = run(ledger, requeue("7.0"), fence=fence.path)
     assert ledger.rows([rid])[0].state == RUNNING  # the leader runs it again
     assert [c for c in calls.read_text().splitlines() if not c.startswith("show")] == []
+
+
+class CutOffOnce(Ledger):
+    """A ledger whose first write of a drain's result fails, as when the database goes away
+    while the playbook runs."""
+
+    cut = False
+
+    def add_event(self, decision_id: int, state: str, detail: dict[str, Any], at: datetime) -> None:
+        if state == EXECUTED and not self.cut:
+            self.cut = True
+            raise OperationalError("UPDATE", {}, Exception("server closed the connection"))
+        super().add_event(decision_id, state, detail, at)
+
+
+def test_a_drain_whose_result_could_not_be_recorded_leaves_its_requeue_waiting(
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slurm(tmp_path, monkeypatch, after=1, reason="slurmedic: 7.0 gpu_hardware")
+    cut = CutOffOnce(ledger.url)
+    ids = cut.record([drain(), requeue("7.0")])
+    dispatcher = Dispatcher(cut, backoff=0.01)
+    try:
+        dispatcher._run_incident(sorted(cut.rows(ids), key=lambda r: r.id))
+        # The ledger's error is not the drain's failure: nothing failed, the drain is still
+        # claimed, the requeue still waits.
+        assert {r.action: r.state for r in cut.rows(ids)} == {"drain": RUNNING, "requeue": PENDING}
+        # The next step carries both out.
+        dispatcher._run_incident(sorted(cut.rows(ids), key=lambda r: r.id))
+        assert {r.state for r in cut.rows(ids)} == {EXECUTED}
+    finally:
+        dispatcher.close()

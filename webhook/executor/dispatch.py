@@ -171,6 +171,12 @@ class Dispatcher:
                 return
             except Exception:
                 log.exception("decision %s failed to run", row.id)
+                if row.action == "drain" and not self._failed(row):
+                    # The error was this replica's own (its ledger cut off mid-run), not the
+                    # drain's: the ledger still holds it pending or running, and whoever leads
+                    # runs it again, then the requeue. Failing the requeue now would leave a
+                    # job behind a drain that goes on to succeed.
+                    return
                 ok = False
             monitor = row.mode == "monitor" or self.force_monitor()
             if not ok and row.action == "drain" and not monitor:
@@ -317,6 +323,15 @@ class Dispatcher:
     def _current(self, row: DecisionRow) -> str:
         found = self.ledger.decision(row.id)
         return found[0].state if found else ""
+
+    def _failed(self, row: DecisionRow) -> bool:
+        """Whether the ledger holds the decision failed; False when it cannot say (it is read
+        again on a later step)."""
+        try:
+            return self._current(row) == FAILED
+        except Exception:
+            log.exception("decision %s: its state could not be read", row.id)
+            return False
 
     def _run(self, name: str, evars: dict[str, Any], *, check: bool) -> RunResult:
         def transient(r: RunResult) -> bool:
