@@ -3,13 +3,17 @@
 Two lines in a training script::
 
     progress = ProgressReporter.from_env()     # at start: announces this attempt
-    progress.step(step, step_seconds)          # after every optimizer step
+    progress.resumed(step, written_at=t)       # the checkpoint it loaded (step 0: none)
+    progress.step(step, step_seconds, quality=loss)  # after every optimizer step
     progress.checkpoint(step)                  # after a checkpoint is safely written
-    progress.checkpoint(step, written_at=t)    # after a restart: the one it resumed from
 
 `step_seconds` is this rank's own compute time for the step (forward, backward, optimizer),
 without the time spent waiting in collectives for other ranks: in synchronous training every
 rank's wall-clock step time is the same, and only the compute time shows which one is slow.
+`quality` (optional) is a value that says whether training is sound, the loss or any metric
+the job names: after a restart, slurmedic checks that it continues where the failed attempt
+left it rather than jumping back to where training began (a corrupt checkpoint). `resumed`
+says which checkpoint the attempt loaded: slurmedic checks it is the job's last complete one.
 
 Environment: `SLURMEDIC_PUSHGATEWAY` (URL; unset disables reporting), `SLURMEDIC_PUSH_INTERVAL`
 (seconds between pushes, default 15), and Slurm's own `SLURM_JOB_ID`, `SLURM_PROCID` (the
@@ -55,6 +59,8 @@ GAUGES = {
     "training_last_checkpoint_timestamp_seconds": "When the last checkpoint was written.",
     "training_attempt": "Slurm restart count of this job attempt.",
     "training_attempt_start_timestamp_seconds": "When this attempt started.",
+    "training_resume_step": "Step of the checkpoint this attempt resumed from (0: none).",
+    "training_quality": "The job's quality value (its loss, or a metric it names).",
 }
 # The Prometheus text format, version 0.0.4: what the Pushgateway accepts from every client.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -131,15 +137,30 @@ class ProgressReporter:
             # The start tells the hang rule to stop judging the previous attempt: not throttled.
             self._offer(urgent=True)
 
-    def step(self, step: int, seconds: float) -> None:
+    def step(self, step: int, seconds: float, quality: float | None = None) -> None:
         now = time.time()
+        # Converted here, so that a value that is not a number fails in the caller, not later
+        # in the pusher.
+        value = None if quality is None else float(quality)
         with self._cond:
-            # Converted here, so that a value that is not a number fails in the caller, not
-            # later in the pusher.
             self.values["training_step"] = float(step)
             self.values["training_step_seconds"] = float(seconds)
             self.values["training_last_step_timestamp_seconds"] = now
+            if value is not None:
+                self.values["training_quality"] = value
             self._offer(urgent=False)
+
+    def resumed(self, step: int, written_at: float | None = None) -> None:
+        """The checkpoint this attempt loaded at its start (step 0 and no time: it starts from
+        scratch), reported once before its first step. It is also the attempt's last
+        checkpoint until it writes one of its own."""
+        with self._cond:
+            self.values["training_resume_step"] = float(step)
+        if written_at is not None:
+            self.checkpoint(step, written_at=written_at)
+        else:
+            with self._cond:
+                self._offer(urgent=True)
 
     def checkpoint(self, step: int, written_at: float | None = None) -> None:
         """A complete checkpoint at `step`. After a restart, report the one the attempt resumed

@@ -173,9 +173,9 @@ def test_pushes_replace_the_rank_group(gateway: Gateway, monkeypatch: pytest.Mon
     # flush() after each call: each snapshot goes, whatever the interval.
     r = ProgressReporter.from_env()
     assert r.flush(WAIT)
-    r.step(11, 0.25)
+    r.step(11, 0.25, quality=2.5)
     assert r.flush(WAIT)
-    r.checkpoint(10, written_at=1700000000.5)
+    r.resumed(10, written_at=1700000000.5)
     assert r.flush(WAIT)
     r.close()
 
@@ -195,6 +195,8 @@ def test_pushes_replace_the_rank_group(gateway: Gateway, monkeypatch: pytest.Mon
     assert checkpointed['training_last_checkpoint_step{node="gpu07"}'] == 10
     assert checkpointed['training_last_checkpoint_timestamp_seconds{node="gpu07"}'] == 1700000000.5
     assert checkpointed['training_step{node="gpu07"}'] == 11
+    assert checkpointed['training_resume_step{node="gpu07"}'] == 10
+    assert checkpointed['training_quality{node="gpu07"}'] == 2.5
     assert {name.split("{")[0] for name in checkpointed} == set(progress.GAUGES)
     assert (r.pushes, r.failed_pushes, r.dropped_snapshots) == (3, 0, 0)
 
@@ -389,3 +391,21 @@ def test_imports_only_the_standard_library() -> None:
         check=True,
     ).stdout
     assert out.strip() == "['__main__', 'slurmedic_progress']"
+
+
+def test_a_start_from_scratch_reports_resume_step_zero_and_no_checkpoint(gateway: Gateway) -> None:
+    r = reporter(gateway.url)
+    r.resumed(0)
+    r.step(1, 0.1)  # without a quality: none is sent
+    assert r.flush(WAIT)
+    r.close()
+    last = samples(gateway.pushes[-1].body)
+    assert last['training_resume_step{node="gpu01"}'] == 0
+    assert not any(k.startswith(("training_last_checkpoint", "training_quality")) for k in last)
+
+
+def test_a_quality_that_is_not_a_number_fails_in_the_caller(gateway: Gateway) -> None:
+    r = reporter(gateway.url)
+    with pytest.raises(ValueError):
+        r.step(1, 0.1, quality="low")  # type: ignore[arg-type]
+    r.close()

@@ -16,6 +16,7 @@ from webhook.core.policy import load_policy
 from webhook.core.recovery import (
     FailurePoint,
     RankProgress,
+    Resume,
     Verdict,
     Watch,
     failure_point,
@@ -121,6 +122,68 @@ def test_failed_when_the_successor_ends_first_or_makes_no_progress_after_it_star
     v = judge(WATCH, ranks(1, 110), late_start, at(941), VERIFY)
     assert v.state == "failed" and v.charged
     assert "within 640 s of its start (40 s of them to redo lost work)" in v.reason
+
+
+# The failed attempt reached step 120, 40 s after its last checkpoint at 100: 2 s a step; its
+# loss was 2.0 there. Its successor started 30 s after the requeue.
+ASSESSED = replace(WATCH, point=replace(WATCH.point, quality=2.0))
+
+
+def resumed(step: float, loss: float, at_step: float = 121) -> list[RankProgress]:
+    start = ASSESSED.requeued_at.timestamp() + 30
+    return [
+        RankProgress(i, 1, step=at_step, resume_step=step, quality=loss, started_at=start)
+        for i in range(2)
+    ]
+
+
+def test_a_recovery_reports_where_it_resumed_what_it_lost_and_that_its_output_is_usable() -> None:
+    v = judge(ASSESSED, resumed(100, 1.95), job(), at(95), VERIFY)
+    assert v.state == "recovered"
+    assert v.resume == Resume(
+        step=100,
+        expected=100,
+        lost_steps=20,
+        lost_seconds=40,
+        start_seconds=30,
+        quality_before=2.0,
+        quality_after=1.95,
+    )
+    assert not v.resume.older
+    assert (
+        "resumed from step 100 (last checkpoint 100); 20 steps lost (40 s of training)" in v.reason
+    )
+
+
+def test_a_resume_from_an_older_checkpoint_is_recovered_with_the_work_it_lost() -> None:
+    v = judge(ASSESSED, resumed(60, 2.1), job(), at(300), VERIFY)
+    assert v.state == "recovered" and v.resume is not None and v.resume.older
+    # 60 steps lost at the failed attempt's pace since its checkpoint (2 s a step).
+    assert (v.resume.lost_steps, v.resume.lost_seconds) == (60, 120)
+    assert (
+        "resumed from step 60 (last checkpoint 100); 60 steps lost (120 s of training)" in v.reason
+    )
+
+
+def test_a_successor_whose_quality_jumped_back_is_not_recovered_and_goes_to_its_owner() -> None:
+    # A corrupt checkpoint: the step was restored, the weights were not; the loss is back
+    # where training began.
+    v = judge(ASSESSED, resumed(100, 9.0), job(), at(95), VERIFY)
+    assert (v.state, v.unusable, v.charged) == ("failed", True, False)
+    assert "its output is not usable" in v.reason and "quality 2 before, 9 after" in v.reason
+    # Within the policy's tolerance (25 %) it is usable; without a quality value it is not
+    # judged on it.
+    assert judge(ASSESSED, resumed(100, 2.45), job(), at(95), VERIFY).state == "recovered"
+    strict = load_policy({"verify": {"quality_tolerance": 0.1}}).verify
+    assert judge(ASSESSED, resumed(100, 2.45), job(), at(95), strict).unusable
+    blind = [replace(r, quality=None) for r in resumed(100, 0)]
+    assert judge(ASSESSED, blind, job(), at(95), VERIFY).state == "recovered"
+
+
+def test_the_failure_point_keeps_the_failed_attempt_s_quality() -> None:
+    r = [RankProgress(0, 0, step=10, quality=2.0), RankProgress(1, 0, step=10, quality=3.0)]
+    assert failure_point(r, 0).quality == 2.5
+    assert failure_point([RankProgress(0, 0, step=10)], 0).quality is None
 
 
 def test_a_job_that_lost_hours_of_work_has_the_hours_to_redo_them() -> None:
@@ -269,3 +332,20 @@ def test_a_job_whose_restarts_keep_failing_before_a_checkpoint_is_not_requeued_a
     e.receive(wrap([alert("GpuXidNodeFault", "gpu_hw")]), T0 + timedelta(minutes=1))
     got = {d.action: d for d in e.tick(T0 + timedelta(minutes=2))}
     assert set(got) == {"drain", "requeue"}, got
+
+
+def test_the_ledger_keeps_how_a_job_resumed(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    drill = replace(ASSESSED, drill=True)
+    ledger.watch(drill)
+    assert ledger.watching() == [drill]  # its quality and being a drill survive the ledger
+    v = judge(drill, resumed(60, 2.1), job(), at(300), VERIFY)
+    ledger.conclude("42.0", v, at(300))
+    (row,) = ledger.recoveries("recovered")
+    assert (row.resume_step, row.lost_steps, row.lost_seconds, row.start_seconds) == (
+        60,
+        60,
+        120,
+        30,
+    )
+    assert (row.quality_before, row.quality_after, row.drill) == (2.0, 2.1, True)

@@ -31,6 +31,8 @@ FIELDS = {
     "training_last_checkpoint_step": "checkpoint_step",
     "training_last_checkpoint_timestamp_seconds": "checkpoint_at",
     "training_attempt_start_timestamp_seconds": "started_at",
+    "training_resume_step": "resume_step",
+    "training_quality": "quality",
 }
 # How prometheus-api-client 0.7 words a non-200 answer: the status and the body's repr.
 _HTTP_ERROR = re.compile(r"^HTTP Status Code (\d+) \((b'.*'|b\".*\")\)$", re.DOTALL)

@@ -172,6 +172,9 @@ class Verify(_Strict):
     pending_limit: Duration = timedelta(hours=24)
     # Stop a job whose restarts keep failing before they write a first checkpoint.
     max_failures_before_checkpoint: int = Field(default=2, ge=1)
+    # A successor's quality value (the loss its job reports) must continue the failed
+    # attempt's within this fraction of it: further apart, its checkpoint was not sound.
+    quality_tolerance: float = Field(default=0.25, gt=0)
 
 
 class PartitionModes(_Strict):

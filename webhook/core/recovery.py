@@ -5,12 +5,17 @@ progress again. It is *recovered* once every rank of the successor that reports 
 step the job had reached when it failed (or its last checkpoint, or its first step, when that is
 all that is known); the time from the fault to then is the time to restore productive training.
 It has *failed* when the successor ends or is requeued again first, or shows no such progress
-within the deadline of its start (time in the queue does not count). A failed recovery is
-escalated; when the failure is the job's own (it ended, or made no progress) it also counts
-against the job's retry budget, and a job that keeps failing before its successor writes a
-checkpoint is stopped: each restart only burns GPU-hours (the engine applies a verdict,
-Engine.judged: `plan` here, then the guards, whose `no_progress` says when to stop). A
-recovery that cannot be judged (the job reports no progress, Slurm forgot the job, the
+within the deadline of its start (time in the queue does not count). Once recovered, the
+evidence says how: the checkpoint the successor resumed from against the failed attempt's last
+one, the work lost, the time to its start, and the job's quality value (its loss) before and
+after; a successor whose quality value did not continue its predecessor's trains on a state
+that was not sound (a corrupt checkpoint): its recovery is failed, for a human.
+
+A failed recovery is escalated; when the failure is the job's own (it ended, or made no
+progress) it also counts against the job's retry budget, and a job that keeps failing before
+its successor writes a checkpoint is stopped: each restart only burns GPU-hours (the engine
+applies a verdict, Engine.judged: `plan` here, then the guards, whose `no_progress` says when
+to stop). A recovery that cannot be judged (the job reports no progress, Slurm forgot the job, the
 successor never started) is *unverified*: recorded, nothing decided.
 
 Plain data in (progress as Prometheus reports it, the job as Slurm reports it, the time), a
@@ -19,6 +24,7 @@ verdict and decisions out.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
@@ -42,6 +48,8 @@ class RankProgress:
     checkpoint_step: float | None = None
     checkpoint_at: float | None = None
     started_at: float | None = None  # when the rank's attempt started
+    resume_step: float | None = None  # the checkpoint its attempt loaded (0: none)
+    quality: float | None = None  # the job's quality value (its loss) at its last step
 
     def own_checkpoint(self, resumed_from: float) -> bool:
         """Whether the rank wrote a checkpoint in its own attempt (not just loaded one): written
@@ -60,6 +68,7 @@ class FailurePoint:
     step: float | None = None
     checkpoint_step: float | None = None
     work_lost_seconds: float | None = None  # training since the last checkpoint, lost
+    quality: float | None = None  # the job's quality value at its last step (mean of ranks)
 
     @property
     def target(self) -> float:
@@ -67,6 +76,13 @@ class FailurePoint:
             if value is not None:
                 return value
         return 0.0
+
+    def seconds_per_step(self) -> float | None:
+        """The failed attempt's pace since its last checkpoint, when both ends are known."""
+        if self.step is None or self.checkpoint_step is None or self.work_lost_seconds is None:
+            return None
+        done = self.step - self.checkpoint_step
+        return self.work_lost_seconds / done if done > 0 else None
 
 
 def failure_point(ranks: list[RankProgress], attempt: int) -> FailurePoint:
@@ -88,6 +104,87 @@ def failure_point(ranks: list[RankProgress], attempt: int) -> FailurePoint:
         step=max(steps) if steps else None,
         checkpoint_step=min(ckpts) if ckpts else None,
         work_lost_seconds=max(lost) if lost else None,
+        quality=_mean(r.quality for r in mine),
+    )
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+@dataclass(frozen=True)
+class Resume:
+    """How a successor resumed, what the failure cost, and whether its output stayed usable:
+    the evidence a recovery (and a drill) is judged and reported on."""
+
+    step: float | None = None  # the checkpoint it loaded (the oldest of its ranks')
+    expected: float | None = None  # the failed attempt's last complete checkpoint
+    lost_steps: float | None = None  # from the furthest step reached back to `step`
+    lost_seconds: float | None = None  # training time those steps took (estimated when older)
+    start_seconds: float | None = None  # from the requeue to the successor's start
+    quality_before: float | None = None  # the failed attempt's quality at its last step
+    quality_after: float | None = None  # the successor's, once it passed that step
+
+    @property
+    def older(self) -> bool:
+        """It resumed from an older checkpoint than the last complete one (or from scratch)."""
+        return self.step is not None and self.expected is not None and self.step < self.expected
+
+    def quality_jump(self) -> float | None:
+        """How far the quality value moved from where the failed attempt left it, relative to
+        it; None when either side is not reported."""
+        if self.quality_before is None or self.quality_after is None:
+            return None
+        scale = max(abs(self.quality_before), 1e-12)
+        return abs(self.quality_after - self.quality_before) / scale
+
+    def usable(self, tolerance: float) -> bool | None:
+        jump = self.quality_jump()
+        return None if jump is None else jump <= tolerance
+
+    def said(self) -> str:
+        """The evidence in words, for a verdict's reason."""
+        parts = []
+        if self.step is not None:
+            expected = "" if self.expected is None else f" (last checkpoint {self.expected:g})"
+            parts.append(f"resumed from step {self.step:g}{expected}")
+        if self.lost_steps is not None:
+            lost = f"{self.lost_steps:g} steps lost"
+            if self.lost_seconds is not None:
+                lost += f" ({self.lost_seconds:.0f} s of training)"
+            parts.append(lost)
+        if (jump := self.quality_jump()) is not None:
+            assert self.quality_before is not None and self.quality_after is not None
+            parts.append(
+                f"quality {self.quality_before:.4g} before, {self.quality_after:.4g} after "
+                f"({jump:.0%} apart)"
+            )
+        return "; ".join(parts)
+
+
+def resume_of(watch: Watch, successor: list[RankProgress]) -> Resume:
+    """The successor's resume, from its ranks' latest pushes and the failed attempt's point."""
+    point = watch.point
+    loaded = [r.resume_step for r in successor if r.resume_step is not None]
+    step = min(loaded) if loaded else None
+    lost_steps = lost_seconds = None
+    if step is not None and point.step is not None:
+        lost_steps = max(point.step - step, 0.0)
+        if step == point.checkpoint_step:
+            lost_seconds = point.work_lost_seconds
+        elif (pace := point.seconds_per_step()) is not None:
+            lost_seconds = lost_steps * pace
+    starts = [r.started_at for r in successor if r.started_at is not None]
+    start_seconds = min(starts) - watch.requeued_at.timestamp() if starts else None
+    return Resume(
+        step=step,
+        expected=point.checkpoint_step,
+        lost_steps=lost_steps,
+        lost_seconds=lost_seconds,
+        start_seconds=None if start_seconds is None else max(start_seconds, 0.0),
+        quality_before=point.quality,
+        quality_after=_mean(r.quality for r in successor),
     )
 
 
@@ -102,6 +199,7 @@ class Watch:
     fault_at: datetime
     requeued_at: datetime
     point: FailurePoint
+    drill: bool = False  # an operator's drill, not a real failure: apart from every figure
 
     def deadline(self, verify: Verify) -> timedelta:
         """How long from its start the successor has to pass the step: the policy's deadline
@@ -126,6 +224,10 @@ class Verdict:
     # does it spend the retry budget and count towards `no_progress`. A successor requeued
     # again was requeued for a failure of its own, which its requeue already counts.
     charged: bool = False
+    # How the successor resumed (a recovered one, or one whose output was not usable).
+    resume: Resume | None = None
+    # The successor trained on, but its quality value jumped: its checkpoint was not sound.
+    unusable: bool = False
 
 
 def _stepped_past(rank: RankProgress, target: float) -> bool:
@@ -151,10 +253,24 @@ def judge(
     target = point.target
     mine = [r for r in ranks if r.attempt == successor]
     if mine and all(_stepped_past(r, target) for r in mine):
+        resume = resume_of(watch, mine)
+        evidence = resume.said()
+        if resume.usable(verify.quality_tolerance) is False:
+            # It trains, but not on the state it had: the owner must look before more is lost.
+            return Verdict(
+                "failed",
+                f"attempt {successor} trains past step {target:g}, but its output is not "
+                f"usable: its quality value did not continue the failed attempt's (tolerance "
+                f"{verify.quality_tolerance:.0%}): {evidence}",
+                resume=resume,
+                unusable=True,
+            )
+        also = f"; {evidence}" if evidence else ""
         return Verdict(
             "recovered",
-            f"attempt {successor} passed step {target:g} (all {len(mine)} reporting ranks)",
+            f"attempt {successor} passed step {target:g} (all {len(mine)} reporting ranks){also}",
             restored_seconds=(now - watch.fault_at).total_seconds(),
+            resume=resume,
         )
     if job is not None and job.state == "COMPLETED" and job.restarts == successor:
         return Verdict(

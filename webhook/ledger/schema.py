@@ -193,6 +193,16 @@ class RecoveryRow(Base):
     decided_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     restored_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     before_checkpoint: Mapped[bool] = mapped_column(Boolean, default=False)
+    # How the successor resumed (webhook/core/recovery.py Resume); the failed attempt's
+    # quality value is kept with its point, when the watch opens.
+    quality_before: Mapped[float | None] = mapped_column(Float, nullable=True)
+    resume_step: Mapped[float | None] = mapped_column(Float, nullable=True)
+    lost_steps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    lost_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    start_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    quality_after: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # A requeue an operator asked for to test recovery: apart from every uptime figure.
+    drill: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class LeaseRow(Base):

@@ -733,6 +733,8 @@ class Ledger:
                     failed_step=w.point.step,
                     checkpoint_step=w.point.checkpoint_step,
                     work_lost_seconds=w.point.work_lost_seconds,
+                    quality_before=w.point.quality,
+                    drill=w.drill,
                     state="watching",
                 )
             )
@@ -746,7 +748,10 @@ class Ledger:
                 cause=r.cause,
                 fault_at=_utc(r.fault_at),
                 requeued_at=_utc(r.requeued_at),
-                point=FailurePoint(r.failed_step, r.checkpoint_step, r.work_lost_seconds),
+                point=FailurePoint(
+                    r.failed_step, r.checkpoint_step, r.work_lost_seconds, r.quality_before
+                ),
+                drill=r.drill,
             )
             for r in self.recoveries("watching")
         ]
@@ -771,6 +776,13 @@ class Ledger:
             row.state, row.reason, row.decided_at = verdict.state, verdict.reason, at
             row.restored_seconds = verdict.restored_seconds
             row.before_checkpoint = verdict.before_checkpoint
+            if (r := verdict.resume) is not None:
+                row.resume_step, row.lost_steps, row.lost_seconds = (
+                    r.step,
+                    r.lost_steps,
+                    r.lost_seconds,
+                )
+                row.start_seconds, row.quality_after = r.start_seconds, r.quality_after
             return _insert_decisions(s, decisions, {"by": "verifier"})
 
     def recoveries(self, *states: str) -> list[RecoveryRow]:
