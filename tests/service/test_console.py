@@ -189,6 +189,37 @@ def test_the_list_the_queue_and_filters(setup: tuple[FlaskClient, Ledger, list[i
     assert client.get("/console/?node=gpu01;reboot").status_code == 400
 
 
+def cells(html: str, key: str) -> dict[str, str]:
+    """The incident's row of the list, as its cells by column."""
+    table = html.split('<table class="incidents">', 1)[1]
+    heads = re.findall(r"<th>([^<]*)</th>", table.split("</thead>", 1)[0])
+    row = table.split(f'href="/console/incident/{key}"', 1)[1].split("</tr>", 1)[0]
+    values = re.findall(r"<td[^>]*>(.*?)</td>", "<td>" + row, flags=re.S)
+    found = [re.sub(r"<[^>]+>", "", v).strip() for v in values]
+    return dict(zip(heads, found, strict=True))
+
+
+def test_the_list_names_the_node_the_signal_and_whether_it_is_judged(
+    setup: tuple[FlaskClient, Ledger, list[int]],
+) -> None:
+    client, ledger, ids = setup
+    login(client, "vera")
+    page = client.get("/console/").get_data(as_text=True)
+    seven, eight = cells(page, "7.0"), cells(page, "8.0")
+    assert (seven["node"], seven["signal"], seven["verdicts"]) == (
+        "gpu01",
+        "GpuXidNodeFault",
+        "unjudged",
+    )
+    assert eight["node"] == "gpu01"  # the stop names no node: its alert's
+    review.add_verdict(ledger, ids[0], verdict(verdict="agree", by="vera"), T)
+    assert cells(client.get("/console/").get_data(as_text=True), "7.0")["verdicts"] == (
+        "1 of 2 judged"
+    )
+    review.add_verdict(ledger, ids[1], verdict(verdict="agree", by="vera"), T)
+    assert cells(client.get("/console/").get_data(as_text=True), "7.0")["verdicts"] == "judged"
+
+
 def test_an_incident_shows_its_commands_and_a_viewer_cannot_approve(
     setup: tuple[FlaskClient, Ledger, list[int]],
 ) -> None:
@@ -256,18 +287,25 @@ def test_verdicts_are_appended_and_checked(setup: tuple[FlaskClient, Ledger, lis
     url = f"/console/decision/{ids[1]}/verdict"
     missing = client.post(url, data={"csrf_token": csrf, "verdict": "disagree"})
     assert missing.status_code == 400 and "would" in missing.get_data(as_text=True)
-    for form in (
+    odd = client.post(url, data={"csrf_token": csrf, "verdict": "disagree", "would": "reboot"})
+    assert odd.status_code == 400 and "would: Input should be" in odd.get_data(as_text=True)
+    form = client.get("/console/incident/7.0").get_data(as_text=True)
+    assert '<option value="requeue_anywhere">requeue_anywhere (requeue without' in form
+    for fields in (
         {"verdict": "disagree", "would": "stop", "note": "no checkpoint yet"},
         {"verdict": "agree", "note": "on second thought"},
+        {"verdict": "disagree", "would": "let_finish", "note": "it ends in an hour"},
     ):
-        assert client.post(url, data={"csrf_token": csrf, **form}).status_code == 302
+        assert client.post(url, data={"csrf_token": csrf, **fields}).status_code == 302
     found = review.verdicts_of(ledger, [ids[1]])[ids[1]]
     assert [(v.by, v.verdict, v.would) for v in found] == [
         ("vera", "disagree", "stop"),
         ("vera", "agree", None),
+        ("vera", "disagree", "let_finish"),
     ]
     page = client.get("/console/incident/7.0").get_data(as_text=True)
     assert "(would stop)" in page and "no checkpoint yet" in page
+    assert "(would let_finish)" in page
 
 
 def test_the_verdict_command(setup: tuple[FlaskClient, Ledger, list[int]], tmp_path: Path) -> None:
@@ -287,9 +325,13 @@ def test_the_verdict_command(setup: tuple[FlaskClient, Ledger, list[int]], tmp_p
     assert ok.returncode == 0, ok.stderr
     bad = run(str(ids[0]), "unsure", "--would=drain")
     assert bad.returncode == 1 and "would: only a disagreement" in bad.stderr
+    odd = run(str(ids[0]), "disagree", "--would=reboot")
+    assert odd.returncode == 2 and "'--would'" in odd.stderr and "drain_only" in odd.stderr
+    alt = run(str(ids[0]), "disagree", "--would=drain_only", "--by=ops1")
+    assert alt.returncode == 0 and "(would drain_only)" in alt.stdout
     gone = run("999", "agree")
     assert gone.returncode == 1 and "decision 999 is not in the ledger" in gone.stderr
-    assert [v.by for v in review.verdicts_of(ledger, [ids[0]])[ids[0]]] == ["ops1"]
+    assert [v.by for v in review.verdicts_of(ledger, [ids[0]])[ids[0]]] == ["ops1", "ops1"]
 
 
 def metric(client: FlaskClient, name: str) -> dict[str, float]:
@@ -376,6 +418,10 @@ def test_the_trial_report_from_the_cli_and_the_console(
     review.add_verdict(
         ledger, ids[1], verdict(verdict="disagree", would="stop", by="anna", note="no ckpt"), T
     )
+    (nothing,) = ledger.record(
+        [decision("none", incident="9.0", job=9, mode="monitor", state="recorded")]
+    )
+    review.add_verdict(ledger, nothing, verdict(verdict="disagree", would="drain", by="anna"), T)
     config = tmp_path / "cli.yml"
     config.write_text(yaml.safe_dump({"database_url": ledger.url}))
 
@@ -391,10 +437,11 @@ def test_the_trial_report_from_the_cli_and_the_console(
     out = run(f"--since={since}", "--format=json")
     assert out.returncode == 0, out.stderr
     body = json.loads(out.stdout)
-    assert body["recommendations"] == 3 and body["judged"] == 2
+    assert body["recommendations"] == 4 and body["judged"] == 3
     groups = {(g["cause"], g["action"]): g for g in body["groups"]}
     assert groups[("gpu_hardware", "requeue")]["disagreements"][0]["would"] == "stop"
     assert groups[("gpu_hardware", "requeue")]["disagreements"][0]["harmful"] is False
+    assert groups[("gpu_hardware", "none")]["missed"] == 1  # it should have drained
     md = run(f"--since={since}", "--format=md", "--min-agreed=1")
     assert (
         "- drain on partition train: 1 agreed of 1 judged, 0 harmful disagreement(s): ready"
@@ -407,6 +454,8 @@ def test_the_trial_report_from_the_cli_and_the_console(
     page = client.get("/console/report?days=3650").get_data(as_text=True)
     assert "drain on partition train: 1 agreed of 1 judged" in page
     assert "anna would stop" in page and "no ckpt" in page
+    assert "slurmedic did nothing for gpu_hardware, anna would drain" in page
+    assert '<strong class="warn">(missed)</strong>' in page
     assert client.get("/console/report?days=0").status_code == 400
     # A digit that is not ASCII is a bad number, not a crash.
     assert client.get("/console/report?days=%C2%B2").status_code == 400

@@ -66,3 +66,33 @@ def test_the_console_s_queries(ledger: Ledger) -> None:
         ("drain", "disagree", 1),
         ("escalate", "agree", 1),
     }
+
+
+def test_the_trial_reads_none_decisions_and_what_a_job_action_did(ledger: Ledger) -> None:
+    ids = ledger.record(
+        [
+            decision(5, "none", mode="monitor", state="recorded"),
+            decision(6, "stop", mode="monitor", state="recorded", cause="application"),
+            decision(7, "requeue", mode="monitor", state="recorded", exclude=("gpu07",)),
+            decision(8, "stop", mode="monitor", state="recorded", cause="application"),
+        ]
+    )
+    plans = {
+        ids[1]: {"JobState": "FAILED", "Restarts": "0"},  # the attempt had already failed
+        ids[2]: {"JobState": "PENDING", "Restarts": "1"},  # Slurm had requeued it itself
+        ids[3]: {"JobState": "RUNNING", "Restarts": "0"},
+    }
+    for decision_id, before in plans.items():
+        plan = {"playbook": "p", "status": "successful", "commands": [], "before": before}
+        ledger.add_note(decision_id, {"by": "executor", "dry_run": plan}, T)
+    # The longest alternative fits the column (PostgreSQL holds it to its length).
+    review.add_verdict(
+        ledger, ids[0], verdict(verdict="disagree", would="drain", by="anna", note="drain it"), T
+    )
+    review.add_verdict(
+        ledger, ids[2], verdict(verdict="disagree", would="requeue_anywhere", by="anna"), T
+    )
+    rows = {r.decision_id: r for r in review.trial_rows(ledger, T, T + timedelta(hours=1))}
+    assert rows[ids[0]].action == "none" and rows[ids[0]].would == "drain"
+    assert [rows[i].effect for i in ids] == [None, "ended", "requeued", "interrupted"]
+    assert rows[ids[2]].would == "requeue_anywhere"

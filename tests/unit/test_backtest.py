@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from tests.markdown_tables import check
 from webhook.backtest import history
 from webhook.backtest.compare import AGREE, EXTRA, HANDED, MISS
 from webhook.backtest.history import UNKNOWN, Attempt, ClusterShape, NodeEvent, firing_spans
@@ -204,6 +205,8 @@ def test_the_report_renders_in_every_format():
     report.limits = ["alert annotations are not kept"]
     md = as_markdown(report)
     assert "### 101.0" in md and "bad HBM" in md and "alert annotations are not kept" in md
+    (counts,) = check(md)
+    assert counts[1][0] == "incidents" and len(counts) == 10
     data = as_json(report)
     assert data["counts"]["incidents"] == len(report.incidents)
     assert {i["incident"] for i in data["incidents"]} >= {"101.0", "103.0"}

@@ -1,6 +1,7 @@
 """The trial report over plain rows: agreement per cause and action, harmful disagreements
-(the operator would have done less), what would have been disrupted, fault to recommendation
-time, recoveries, and readiness per action and partition."""
+(the operator would have done less, by what happened in Slurm) and misses (more), what the
+operators would have done instead, what would have been disrupted, fault to recommendation
+time, recoveries, readiness per action and partition, and a Markdown table that renders."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import io
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
+from tests.markdown_tables import check
 from webhook.core import trial
 
 T = datetime(2026, 11, 1, tzinfo=UTC)
@@ -91,8 +95,8 @@ def test_the_three_formats_carry_the_same_figures() -> None:
     r = trial.report(rows, T, T + timedelta(days=1))
     md = trial.as_markdown(r)
     assert (
-        "| gpu_hardware | drain | 2 | 1 | 1 | 0 | 50% | 1 | 2 | 0 | 0 | 0.0 | 0, 0.0 "
-        "| 30s / 30s | — |"
+        "| gpu_hardware | drain | 2 | 1 | 1 | 0 | 50% | 1 | 0 | escalate 1 | 2 | 0 | 0 | 0.0 "
+        "| 0, 0.0 | 30s / 30s | — |"
     ) in md
     assert "decision 2 (2.0): slurmedic drain for gpu_hardware, kim would escalate (harmful)" in md
     table = list(csv.DictReader(io.StringIO("\n".join(",".join(r) for r in trial.csv_rows(r)))))
@@ -106,6 +110,8 @@ def test_the_three_formats_carry_the_same_figures() -> None:
             "by": "kim",
             "note": "one XID 48",
             "harmful": True,
+            "missed": False,
+            "effect": None,
             "gpus": 0,
             "gpu_hours": None,
         }
@@ -150,3 +156,127 @@ def test_gpus_and_gpu_hours_summed_and_those_of_harmful_disagreements_apart() ->
     j = trial.as_json(r)
     stop_json = next(g for g in j["groups"] if g["action"] == "stop")
     assert stop_json["harmful_gpus"] == 16 and stop_json["disagreements"][0]["gpu_hours"] == 32.0
+
+
+def test_every_markdown_table_renders_with_a_cell_per_header() -> None:
+    rows = [
+        judged(1, "drain", verdict="agree"),
+        judged(2, "requeue", verdict="disagree", would="let_finish", note="a | b\nc"),
+        judged(3, "none", cause="odd|cause", verdict="disagree", would="drain"),
+    ]
+    md = trial.as_markdown(trial.report(rows, T, T + timedelta(days=1)))
+    (table,) = check(md)
+    header, *body = table
+    assert header == list(trial.TABLE) and len(body) == 3
+    # A `|` of a cell is escaped: the cell reads back whole.
+    assert {row[0] for row in body} == {"gpu_hardware", "odd|cause"}
+    # The note stays on its disagreement's line.
+    assert "would let_finish (harmful): a | b c" in md
+
+
+def test_an_empty_report_still_renders() -> None:
+    md = trial.as_markdown(trial.report([], T, T + timedelta(days=1)))
+    (table,) = check(md)
+    assert table == [list(trial.TABLE)]
+
+
+@pytest.mark.parametrize(
+    ("action", "would", "harmful", "missed"),
+    [
+        ("requeue", "let_finish", True, False),  # it would have interrupted a job left running
+        ("requeue", "drain_only", True, False),
+        ("requeue", "requeue_anywhere", False, False),  # the job restarts all the same
+        ("stop", "requeue_anywhere", True, False),
+        ("drain", "wait", True, False),
+        ("drain", "drain_only", False, False),
+        ("none", "drain", False, True),  # slurmedic did nothing: a missed drain
+        ("none", "wait", False, False),
+        ("escalate", "requeue_anywhere", False, True),
+        ("drain", "requeue", True, False),  # the node left in service, the job requeued
+    ],
+)
+def test_each_alternative_is_harm_a_miss_or_neither(
+    action: str, would: str, harmful: bool, missed: bool
+) -> None:
+    j = judged(1, action, verdict="disagree", would=would)
+    assert (trial.harmful(j), trial.missed(j)) == (harmful, missed)
+
+
+def test_what_the_operators_would_have_done_instead_and_verdicts_on_none() -> None:
+    rows = [
+        judged(1, "requeue", verdict="disagree", would="let_finish"),
+        judged(2, "requeue", verdict="disagree", would="let_finish"),
+        judged(3, "requeue", verdict="disagree", would="requeue_anywhere"),
+        judged(4, "requeue", verdict="agree"),
+        judged(5, "none", verdict="disagree", would="drain", by="ops", note="should have drained"),
+        judged(6, "none", verdict="agree"),
+        judged(7, "none"),
+    ]
+    r = trial.report(rows, T, T + timedelta(days=1))
+    groups = {g.action: g for g in r.groups}
+    assert groups["requeue"].instead == {"let_finish": 2, "requeue_anywhere": 1}
+    assert (groups["requeue"].harmful, groups["requeue"].missed) == (2, 0)
+    none = groups["none"]
+    assert (none.recommendations, none.agree, none.disagree, none.harmful, none.missed) == (
+        3,
+        1,
+        1,
+        0,
+        1,
+    )
+    assert none.instead == {"drain": 1} and r.judged == 6
+    assert [x.action for x in r.readiness] == ["requeue"]  # doing nothing is never "enabled"
+    md = trial.as_markdown(r)
+    assert "| let_finish 2, requeue_anywhere 1 |" in md
+    assert (
+        "slurmedic did nothing for gpu_hardware, ops would drain (missed): should have drained"
+        in md
+    )
+    header, *body = trial.csv_rows(r)
+    by_action = {row[1]: dict(zip(header, row, strict=True)) for row in body}
+    assert by_action["none"]["missed"] == "1"
+    assert by_action["requeue"]["instead"] == "let_finish 2 requeue_anywhere 1"
+    js = {g["action"]: g for g in trial.as_json(r)["groups"]}
+    assert js["none"]["missed"] == 1 and js["requeue"]["instead"]["let_finish"] == 2
+
+
+def test_harm_is_what_happened_in_slurm() -> None:
+    rows = [
+        # The attempt had already failed when the stop ran: it disrupted nothing, and the
+        # operator's requeue is a restart missed, not harm.
+        judged(
+            1,
+            "stop",
+            cause="application",
+            gpus=24,
+            gpu_hours=48.0,
+            effect="ended",
+            verdict="disagree",
+            would="requeue",
+            by="kim",
+        ),
+        # Slurm had requeued the job itself: slurmedic only excluded a node from the successor.
+        judged(
+            2, "requeue", gpus=8, gpu_hours=4.0, effect="requeued", verdict="disagree", would="none"
+        ),
+        # A live attempt stopped where the operator would requeue: harm, its GPUs disrupted.
+        judged(
+            3,
+            "stop",
+            cause="application",
+            gpus=16,
+            gpu_hours=8.0,
+            effect="interrupted",
+            verdict="disagree",
+            would="requeue",
+        ),
+    ]
+    r = trial.report(rows, T, T + timedelta(days=1))
+    groups = {(g.cause, g.action): g for g in r.groups}
+    stop, requeue = groups[("application", "stop")], groups[("gpu_hardware", "requeue")]
+    assert (stop.harmful, stop.missed, stop.harmful_gpus, stop.harmful_gpu_hours) == (1, 1, 16, 8.0)
+    assert (stop.gpus, stop.gpu_hours) == (16, 8.0)  # the dead attempt's 24 GPUs are not counted
+    assert (requeue.harmful, requeue.gpus, requeue.gpu_hours) == (0, 0, 0.0)
+    md = trial.as_markdown(r)
+    assert "kim would requeue (missed) (the attempt had already ended)" in md
+    assert "[24 GPUs" not in md

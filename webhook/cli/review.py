@@ -10,7 +10,7 @@ from rich.console import Console
 
 from webhook.cli.common import config_option, decision_table, ledger_of
 from webhook.core.lifecycle import APPROVED, AWAITING_APPROVAL, REJECTED
-from webhook.core.verdicts import JUDGEMENTS, VerdictError
+from webhook.core.verdicts import JUDGEMENTS, MEANS, WOULD, VerdictError
 from webhook.core.verdicts import verdict as make_verdict
 from webhook.ledger.review import NotWaiting, add_verdict, judge
 from webhook.ledger.store import last_dry_run
@@ -77,7 +77,14 @@ def reject(config_path: Path | None, decision_id: int, reason: str, by: str | No
 @config_option
 @click.argument("decision_id", type=int)
 @click.argument("judgement", type=click.Choice(JUDGEMENTS))
-@click.option("--would", default=None, help="disagree: the action you would have taken.")
+@click.option(
+    "--would",
+    type=click.Choice(WOULD),
+    default=None,
+    help="disagree: what you would have done instead, an action or "
+    + "; ".join(f"{k} ({v})" for k, v in MEANS.items())
+    + ".",
+)
 @click.option("--note", default="", help="Why (kept with the verdict).")
 @click.option("--by", default=None, help="Who judges (default: the login name).")
 def verdict(
@@ -88,7 +95,8 @@ def verdict(
     note: str,
     by: str | None,
 ) -> None:
-    """Record your verdict on a recommendation, in any mode: agree, disagree or unsure."""
+    """Record your verdict on a decision, in any mode, one to do nothing (`none`) too: agree,
+    disagree or unsure."""
     import getpass
 
     try:

@@ -4,10 +4,14 @@ A careful site runs slurmedic in monitor or approve mode first, records a verdic
 recommendation, and widens its permissions per action and partition once the record shows
 reliable behaviour. This module turns the record into that report: pure, over plain rows.
 
-A disagreement is *harmful* when the operator would have done less than slurmedic recommended
-(drained a node they would have left in service, stopped a job they would have requeued): in
-enforce mode it would have disrupted work. One where the operator would have done more (slurmedic
-escalated, they would have drained) is a miss, not harm.
+A disagreement is *harmful* when the recommendation disrupted something the operator would have
+left alone (drained a node they would have left in service, requeued a job they would have let
+finish, stopped one they would have requeued): in enforce mode it would have disrupted work.
+What it disrupted is read from what happened in Slurm (webhook/core/effects.py): a stop of an
+attempt that had already ended, or a requeue that only added an exclusion to a job Slurm had
+requeued itself, disrupted nothing. One where the operator would have done more (slurmedic
+escalated or did nothing, they would have drained; it stopped a dead attempt, they would have
+requeued it) is a *miss*, not harm.
 """
 
 from __future__ import annotations
@@ -19,9 +23,24 @@ from datetime import datetime
 from typing import Any
 
 from webhook.core.decisions import JOB_ACTIONS
+from webhook.core.effects import HARMLESS
 
-# How much an action disrupts work (what a harmful disagreement compares).
-DISRUPTION = {"none": 0, "escalate": 0, "resume": 1, "drain": 2, "requeue": 2, "stop": 3}
+# What an action, or an operator's alternative (webhook/core/verdicts.py), does to the job (0:
+# leaves it running, 1: ends and restarts it, 2: ends it) and to the nodes' service (0: leaves
+# it, 1: changes it: drained out of service, or resumed into it). A harmful disagreement is one
+# whose alternative does less on either.
+IMPACT: dict[str, tuple[int, int]] = {
+    "none": (0, 0),
+    "escalate": (0, 0),
+    "wait": (0, 0),
+    "let_finish": (0, 0),
+    "resume": (0, 1),
+    "drain": (0, 1),
+    "drain_only": (0, 1),
+    "requeue": (1, 0),
+    "requeue_anywhere": (1, 0),
+    "stop": (2, 0),
+}
 # No judgement below this many agreed recommendations makes an action ready.
 MIN_AGREED = 10
 READY_AGREEMENT = 0.95
@@ -51,6 +70,22 @@ class Judged:
     # requeue's or stop's GPU-hours of the attempt so far (None: not known).
     gpus: int = 0
     gpu_hours: float | None = None
+    # A requeue's or stop's effect on its attempt (webhook/core/effects.py; None: not read).
+    effect: str | None = None
+
+    @property
+    def impact(self) -> tuple[int, int]:
+        """What it did: nothing to the job when the attempt was already over."""
+        job, nodes = IMPACT.get(self.action, (0, 0))
+        return (0 if self.effect in HARMLESS else job, nodes)
+
+    @property
+    def disrupted_gpus(self) -> int:
+        return 0 if self.effect in HARMLESS else self.gpus
+
+    @property
+    def disrupted_gpu_hours(self) -> float:
+        return 0.0 if self.effect in HARMLESS else self.gpu_hours or 0.0
 
 
 @dataclass
@@ -64,6 +99,9 @@ class Group:
     disagree: int = 0
     unsure: int = 0
     harmful: int = 0
+    missed: int = 0
+    # What the operators would have done instead, counted per action or alternative.
+    instead: dict[str, int] = field(default_factory=dict)
     nodes: set[str] = field(default_factory=set)
     jobs: set[int] = field(default_factory=set)
     latencies: list[float] = field(default_factory=list)
@@ -116,11 +154,23 @@ class Report:
 
 
 def harmful(j: Judged) -> bool:
-    return (
-        j.verdict == "disagree"
-        and j.would is not None
-        and DISRUPTION.get(j.would, 0) < DISRUPTION.get(j.action, 0)
-    )
+    """The operator would have left alone something the recommendation disrupted."""
+    if j.verdict != "disagree" or j.would is None:
+        return False
+    would = IMPACT.get(j.would, (0, 0))
+    return any(w < did for w, did in zip(would, j.impact, strict=True))
+
+
+def missed(j: Judged) -> bool:
+    """The operator would have done something the recommendation did not (and nothing less)."""
+    if j.verdict != "disagree" or j.would is None or harmful(j):
+        return False
+    would = IMPACT.get(j.would, (0, 0))
+    return any(w > did for w, did in zip(would, j.impact, strict=True))
+
+
+def disrupts(action: str) -> bool:
+    return any(IMPACT.get(action, (0, 0)))
 
 
 def report(
@@ -136,23 +186,27 @@ def report(
         elif j.verdict == "disagree":
             g.disagree += 1
             g.disagreements.append(j)
+            if j.would is not None:
+                g.instead[j.would] = g.instead.get(j.would, 0) + 1
             if harmful(j):
                 g.harmful += 1
-                g.harmful_gpus += j.gpus
-                g.harmful_gpu_hours += j.gpu_hours or 0.0
+                g.harmful_gpus += j.disrupted_gpus
+                g.harmful_gpu_hours += j.disrupted_gpu_hours
+            elif missed(j):
+                g.missed += 1
         elif j.verdict == "unsure":
             g.unsure += 1
         if j.action == "drain":
             g.nodes.update(j.nodes)
         if j.action in JOB_ACTIONS and j.job is not None:
             g.jobs.add(j.job)
-        g.gpus += j.gpus
-        g.gpu_hours += j.gpu_hours or 0.0
+        g.gpus += j.disrupted_gpus
+        g.gpu_hours += j.disrupted_gpu_hours
         if j.fault_at is not None:
             g.latencies.append(max(0.0, (j.at - j.fault_at).total_seconds()))
         if j.recovery:
             g.recoveries[j.recovery] = g.recoveries.get(j.recovery, 0) + 1
-        if DISRUPTION.get(j.action, 0) > 0:
+        if disrupts(j.action):
             per_action[(j.action, j.partition or "*")].append(j)
     readiness = [
         _readiness(action, partition, found, min_agreed)
@@ -203,6 +257,8 @@ def as_json(r: Report) -> dict[str, Any]:
                 "unjudged": g.recommendations - g.judged,
                 "agreement": g.agreement,
                 "harmful": g.harmful,
+                "missed": g.missed,
+                "instead": dict(sorted(g.instead.items())),
                 "nodes_drained": sorted(g.nodes),
                 "jobs": sorted(g.jobs),
                 "gpus": g.gpus,
@@ -220,6 +276,8 @@ def as_json(r: Report) -> dict[str, Any]:
                         "by": j.by,
                         "note": j.note,
                         "harmful": harmful(j),
+                        "missed": missed(j),
+                        "effect": j.effect,
                         "gpus": j.gpus,
                         "gpu_hours": None if j.gpu_hours is None else round(j.gpu_hours, 3),
                     }
@@ -263,6 +321,8 @@ CSV_COLUMNS = (
     "fault_to_recommendation_p90_seconds",
     "recovered",
     "recovery_failed",
+    "missed",
+    "instead",
 )
 
 
@@ -292,9 +352,75 @@ def csv_rows(r: Report) -> list[list[str]]:
                 "" if p90 is None else f"{p90:.1f}",
                 str(g.recoveries.get("recovered", 0)),
                 str(g.recoveries.get("failed", 0)),
+                str(g.missed),
+                _instead(g, " "),
             ]
         )
     return out
+
+
+def _instead(g: Group, sep: str) -> str:
+    return sep.join(f"{k} {v}" for k, v in sorted(g.instead.items()))
+
+
+TABLE = (
+    "cause",
+    "action",
+    "recommended",
+    "agree",
+    "disagree",
+    "unsure",
+    "agreement",
+    "harmful",
+    "missed",
+    "would instead",
+    "nodes drained",
+    "jobs",
+    "GPUs",
+    "GPU-hours",
+    "harmful: GPUs, GPU-hours",
+    "fault → recommendation p50 / p90",
+    "recoveries",
+)
+
+
+def cell(text: object) -> str:
+    """A Markdown table cell: a `|` of its own would end it, a newline the row."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _row(cells: list[str] | tuple[str, ...]) -> str:
+    return "| " + " | ".join(cell(c) for c in cells) + " |"
+
+
+def _group_cells(g: Group) -> list[str]:
+    agreement = "—" if g.agreement is None else f"{g.agreement:.0%}"
+    rec = ", ".join(f"{k} {v}" for k, v in sorted(g.recoveries.items())) or "—"
+    return [
+        g.cause,
+        g.action,
+        str(g.recommendations),
+        str(g.agree),
+        str(g.disagree),
+        str(g.unsure),
+        agreement,
+        str(g.harmful),
+        str(g.missed),
+        _instead(g, ", ") or "—",
+        str(len(g.nodes)),
+        str(len(g.jobs)),
+        str(g.gpus),
+        f"{g.gpu_hours:.1f}",
+        f"{g.harmful_gpus}, {g.harmful_gpu_hours:.1f}",
+        f"{_seconds(g.latency(0.5))} / {_seconds(g.latency(0.9))}",
+        rec,
+    ]
+
+
+EFFECT_WORDS = {
+    "ended": "the attempt had already ended",
+    "requeued": "Slurm had already requeued the attempt",
+}
 
 
 def as_markdown(r: Report) -> str:
@@ -309,32 +435,25 @@ def as_markdown(r: Report) -> str:
         "",
         "## By cause and action",
         "",
-        "| cause | action | recommended | agree | disagree | unsure | agreement | harmful "
-        "| nodes drained | jobs | GPUs | GPU-hours | harmful: GPUs, GPU-hours "
-        "| fault → recommendation p50 / p90 | recoveries |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        _row(TABLE),
+        "|" + "---|" * len(TABLE),
+        *(_row(_group_cells(g)) for g in r.groups),
     ]
-    for g in r.groups:
-        agreement = "—" if g.agreement is None else f"{g.agreement:.0%}"
-        rec = ", ".join(f"{k} {v}" for k, v in sorted(g.recoveries.items())) or "—"
-        lines.append(
-            f"| {g.cause} | {g.action} | {g.recommendations} | {g.agree} | {g.disagree} "
-            f"| {g.unsure} | {agreement} | {g.harmful} | {len(g.nodes)} | {len(g.jobs)} "
-            f"| {g.gpus} | {g.gpu_hours:.1f} | {g.harmful_gpus}, {g.harmful_gpu_hours:.1f} "
-            f"| {_seconds(g.latency(0.5))} / {_seconds(g.latency(0.9))} | {rec} |"
-        )
     dis = [(g, j) for g in r.groups for j in g.disagreements]
     lines += ["", "## Disagreements", ""]
     if not dis:
         lines.append("None.")
     for g, j in dis:
-        flag = " (harmful)" if harmful(j) else ""
-        if j.gpus:
+        flag = " (harmful)" if harmful(j) else " (missed)" if missed(j) else ""
+        if j.effect in EFFECT_WORDS:
+            flag += f" ({EFFECT_WORDS[j.effect]})"
+        if j.disrupted_gpus:
             hours = f", {j.gpu_hours:.1f} GPU-hours" if j.gpu_hours is not None else ""
             flag += f" [{j.gpus} GPUs{hours}]"
-        note = f": {j.note}" if j.note else ""
+        note = ": " + " ".join(j.note.split()) if j.note else ""
+        did = "did nothing" if g.action == "none" else g.action
         lines.append(
-            f"- decision {j.decision_id} ({j.incident}): slurmedic {g.action} for {g.cause}, "
+            f"- decision {j.decision_id} ({j.incident}): slurmedic {did} for {g.cause}, "
             f"{j.by} would {j.would}{flag}{note}"
         )
     return "\n".join(lines) + "\n"

@@ -2,20 +2,33 @@
 
 Recorded in any mode (a monitor-mode trial is judged as much as an approve-mode one), appended
 and never edited: a second verdict on the same decision is a change of mind, kept beside the
-first. `disagree` says which action the operator would have taken instead.
+first. `disagree` says what the operator would have done instead: one of the policy's actions,
+or an alternative finer than the actions, as an operator means it (docs/console.md).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from webhook.core.policy import Action
+from webhook.core.policy import ACTIONS, Action
 from webhook.core.validation import describe
 
 Judgement = Literal["agree", "disagree", "unsure"]
 JUDGEMENTS: tuple[Judgement, ...] = ("agree", "disagree", "unsure")
+# What an operator would have done that no action of the policy says. At most 16 characters:
+# the ledger's `would` column.
+Alternative = Literal["requeue_anywhere", "let_finish", "wait", "drain_only"]
+ALTERNATIVES: tuple[str, ...] = get_args(Alternative)
+MEANS = {
+    "requeue_anywhere": "requeue without excluding any node",
+    "let_finish": "leave the job running to its end",
+    "wait": "do nothing yet, look again later",
+    "drain_only": "drain the nodes, leave the job alone",
+}
+Would = Literal[Action, Alternative]
+WOULD: tuple[str, ...] = (*ACTIONS, *ALTERNATIVES)
 # Who recorded it: a login name or a console user (never a free-form string in a report).
 WHO = r"^[A-Za-z0-9._@-]{1,64}$"
 
@@ -27,7 +40,7 @@ class VerdictError(ValueError):
 class OperatorVerdict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     verdict: Judgement
-    would: Action | None = None  # disagree: what the operator would have done instead
+    would: Would | None = None  # disagree: what the operator would have done instead
     note: str = Field(default="", max_length=2000)
     by: str = Field(pattern=WHO)
 

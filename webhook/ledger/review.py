@@ -15,7 +15,10 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, String, cast, func, or_, select
 
+from webhook.core.decisions import JOB_ACTIONS
+from webhook.core.effects import effect, first_before
 from webhook.core.failures import NodeRecord, lemons
+from webhook.core.incidents import BadIncidentKey, attempt_of
 from webhook.core.lifecycle import AWAITING_APPROVAL, SUPERSEDED, IllegalTransition
 from webhook.core.notices import Open
 from webhook.core.trial import Judged
@@ -232,8 +235,9 @@ def needs_human(ledger: Ledger, since: datetime) -> list[Open]:
 
 
 def trial_rows(ledger: Ledger, since: datetime, until: datetime) -> list[Judged]:
-    """Every recommendation decided in [since, until) (superseded ones and `none` left out),
-    with its latest verdict and, for a requeue, what became of the recovery."""
+    """Every decision made in [since, until) but superseded ones (`none` too: a verdict that
+    says it should have acted is a miss), with its latest verdict, what a requeue or stop did
+    to its attempt, and, for a requeue, what became of the recovery."""
     latest = select(func.max(VerdictRow.id)).group_by(VerdictRow.decision_id)
     with ledger.session() as s:
         verdicts = {
@@ -242,9 +246,17 @@ def trial_rows(ledger: Ledger, since: datetime, until: datetime) -> list[Judged]
         decisions = s.scalars(
             select(DecisionRow)
             .where(DecisionRow.at >= since, DecisionRow.at < until)
-            .where(DecisionRow.state != SUPERSEDED, DecisionRow.action != "none")
+            .where(DecisionRow.state != SUPERSEDED)
             .order_by(DecisionRow.id)
         ).all()
+        job_actions = [d.id for d in decisions if d.action in JOB_ACTIONS]
+        details: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for decision_id, detail in s.execute(
+            select(DecisionEvent.decision_id, DecisionEvent.detail)
+            .where(DecisionEvent.decision_id.in_(job_actions))
+            .order_by(DecisionEvent.id)
+        ):
+            details[decision_id].append(detail)
         incidents = [d.incident for d in decisions if d.action == "requeue"]
         recoveries = dict(
             s.execute(
@@ -276,9 +288,18 @@ def trial_rows(ledger: Ledger, since: datetime, until: datetime) -> list[Judged]
                 recovery=recoveries.get(d.incident) if d.action == "requeue" else None,
                 gpus=d.gpus or 0,
                 gpu_hours=d.gpu_hours,
+                effect=_effect(d, details.get(d.id, [])),
             )
         )
     return out
+
+
+def _effect(d: DecisionRow, details: list[dict[str, Any]]) -> str | None:
+    try:
+        attempt = attempt_of(d.incident)
+    except BadIncidentKey:
+        return None
+    return effect(d.action, attempt, first_before(details))
 
 
 def node_records(ledger: Ledger, since: datetime) -> list[NodeRecord]:

@@ -35,7 +35,7 @@ from webhook.core.lifecycle import APPROVED, AWAITING_APPROVAL, REJECTED, STATES
 from webhook.core.patterns import NODE_NAME
 from webhook.core.policy import ACTIONS, CAUSES, MODES
 from webhook.core.validation import is_number
-from webhook.core.verdicts import JUDGEMENTS, VerdictError, verdict
+from webhook.core.verdicts import JUDGEMENTS, MEANS, WOULD, VerdictError, verdict
 from webhook.ledger import review
 from webhook.ledger.schema import DecisionEvent, DecisionRow
 from webhook.ledger.settings import Breaker, CorruptSetting, Modes, S, Switch, Unmatched
@@ -157,6 +157,7 @@ def incidents() -> Any:
     size = settings().page_size
     found = review.incident_page(ledger(), f, (int(page) - 1) * size, size)
     decisions = review.decisions_of(ledger(), found.keys)
+    verdicts = review.verdicts_of(ledger(), [d.id for ds in decisions.values() for d in ds])
     waiting = review.waiting_since(ledger(), [AWAITING_APPROVAL])
     args = {k: v for k, v in request.args.items() if k != "page" and v}
     return render_template(
@@ -164,6 +165,7 @@ def incidents() -> Any:
         status=_status(),
         keys=found.keys,
         decisions=decisions,
+        facts={k: _facts(decisions[k], verdicts) for k in found.keys},
         total=found.total,
         page=int(page),
         pages=max(1, -(-found.total // size)),
@@ -171,6 +173,22 @@ def incidents() -> Any:
         waiting=waiting,
         choices={"state": sorted(STATES), "cause": CAUSES, "action": ACTIONS, "mode": MODES},
     )
+
+
+def _facts(rows: list[DecisionRow], verdicts: dict[int, list[Any]]) -> dict[str, Any]:
+    """What tells an incident's row from its neighbours: the nodes it names (where it failed,
+    what it drains or excludes, else its alerts' nodes), its alerts' names, and how many of its
+    decisions (superseded ones left out) have a verdict."""
+    live = [d for d in rows if d.state != "superseded"] or rows
+    nodes = [n for d in live for n in (*(d.failed_on or ()), *d.nodes, *d.exclude)]
+    evidence = [e for d in live for e in d.evidence if isinstance(e, dict)]
+    nodes = nodes or [str(e["node"]) for e in evidence if e.get("node")]
+    return {
+        "nodes": list(dict.fromkeys(nodes)),
+        "signals": list(dict.fromkeys(str(e["alertname"]) for e in evidence if "alertname" in e)),
+        "judged": sum(1 for d in live if verdicts.get(d.id)),
+        "decisions": len(live),
+    }
 
 
 def _status() -> dict[str, Any]:
@@ -228,6 +246,8 @@ def trial_report() -> Any:
         report=trial.report(rows, since, until),
         days=int(days),
         harmful=trial.harmful,
+        missed=trial.missed,
+        effects=trial.EFFECT_WORDS,
     )
 
 
@@ -370,7 +390,8 @@ def incident(key: str) -> Any:
         waiting=[d for d in record.decisions if d.state == AWAITING_APPROVAL],
         judgements=JUDGEMENTS,
         describe=disruption.describe,
-        actions=ACTIONS,
+        would=WOULD,
+        means=MEANS,
         dashboard=settings().dashboard_link(first.job, first.nodes[0] if first.nodes else None),
     )
 
