@@ -99,6 +99,29 @@ def test_alertmanager_sends_every_vocabulary_signal_to_slurmedic(signal: str) ->
 def test_alertmanager_keeps_alerts_without_a_signal_from_slurmedic() -> None:
     assert "slurmedic" not in _receivers("alertname=SlurmedicDown", "severity=critical")
     assert "slurmedic" not in _receivers("alertname=SlurmManyNodesDown", "signal=")
+    # A warning to people about a job: one notification per job, never to slurmedic.
+    stale = ("alertname=TrainingCheckpointStale", "severity=warning", "slurm_job_id=1100")
+    assert _receivers(*stale) == ["oncall"]
+
+
+def test_an_alert_for_people_that_reaches_slurmedic_anyway_is_recorded_not_acted_on() -> None:
+    """A site that routes every alert to the webhook: TrainingCheckpointStale, as rendered, is
+    evidence with a problem ("no signal"), never a reason to act on its job."""
+    text = RuleSource().render()["goodput.rules.yml"]
+    rule = next(
+        r
+        for g in yaml.safe_load(text)["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "TrainingCheckpointStale"
+    )
+    assert "signal" not in rule["labels"]
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    view = ClusterView(nodes={"gpu01": Node("gpu01", "gpu")})
+    labels = {"alertname": "TrainingCheckpointStale", "slurm_job_id": "1100", **rule["labels"]}
+    alert = Alert(status="firing", startsAt=now, labels=labels, fingerprint="f0")
+    ev = from_alert(alert, now, view)
+    assert not ev.actionable and ev.problems == ("no signal",)
+    assert ev.job == 1100
 
 
 def test_a_signal_outside_the_vocabulary_is_recorded_not_acted_on() -> None:

@@ -73,6 +73,10 @@ class RuleConfig(BaseModel):
     throughput_for: Duration
     productive_window: Duration
     goodput_window: Duration
+    checkpoint_interval_window: Duration
+    checkpoint_stale_factor: float = Field(gt=1)
+    checkpoint_stale_min: Duration
+    checkpoint_stale_unknown: Duration
     # slurmedic itself
     slurmedic_job: str = Field(min_length=1)
     slurmedic_down_for: Duration
