@@ -523,3 +523,22 @@ def test_alerts_naming_no_node_are_shown_and_counted(
     assert "4 alerts named a host that is no node of the cluster" in page
     assert f"<code>{fqdn}</code>: 4 (GpuXidNodeFault)" in page
     assert "set node_names.strip_domain" in page
+
+
+def test_an_incident_shows_what_the_diagnostics_found_on_each_gpu(
+    setup: tuple[FlaskClient, Ledger, list[int]],
+) -> None:
+    client, ledger, ids = setup
+    problems = [
+        "nvidia-smi shows 7 of 8 GPUs",
+        "GPU 3 (00000000:48:00.0): missing from nvidia-smi's listing",
+        "GPU 4 (00000000:58:00.0): NVLink errors: link 7 CRC Errors 37.",
+    ]
+    node = {"verdict": "unhealthy", "artifacts": "/var/x/7.0/gpu01", "problems": problems}
+    diagnostics = {"playbook": "collect_diagnostics", "nodes": {"gpu01": node}}
+    ledger.add_note(ids[0], {"by": "executor", "diagnostics": diagnostics}, T)
+    login(client, "vera")
+    page = client.get("/console/incident/7.0").get_data(as_text=True)
+    assert "gpu01: <strong>unhealthy</strong>" in page
+    for p in problems:
+        assert f"<li>{p.replace(chr(39), '&#39;')}</li>" in page

@@ -130,7 +130,9 @@ def test_nothing_to_do_is_recorded_as_no_commands(scontrol: Path, tmp_path: Path
     assert result.ok and result.commands == []
 
 
-def test_diagnostics_are_read_from_the_stats_whatever_the_tasks_are_called(tmp_path: Path) -> None:
+def test_diagnostics_are_read_from_the_stats_whatever_the_tasks_are_called(
+    scontrol: Path, tmp_path: Path
+) -> None:
     slurmd_log = tmp_path / "slurmd.log"
     slurmd_log.write_text("".join(f"line {i}\n" for i in range(10)))
     inventory = tmp_path / "hosts.yml"
@@ -167,8 +169,15 @@ def test_diagnostics_are_read_from_the_stats_whatever_the_tasks_are_called(tmp_p
         for host, d in diagnostics.items():
             assert d["node"] == host
             assert d["nvidia_smi"]["stdout"] == "<nvidia_smi_log/> -q -x"
+            assert d["nvlink_errors"]["stdout"] == "<nvidia_smi_log/> nvlink -e"
+            # Slurm is read where slurmedic runs, even in check mode: it only reads.
+            assert d["slurm_node"]["stdout"] == f"NodeName={host} State=ALLOCATED Reason=(null)"
             assert d["slurmd_log"]["stdout"] == "line 7\nline 8\nline 9"
     assert found[0] == found[1]
+    assert sorted(set(scontrol.read_text().splitlines())) == [
+        "show node gpu01 --oneliner",
+        "show node gpu02 --oneliner",
+    ]
 
 
 def _drain_check(name: str, tmp_path: Path) -> str:

@@ -86,7 +86,7 @@ def test_bytes_parse_like_text(sample: str) -> None:
 def test_summary_of_the_sample(sample: str) -> None:
     assert summary_lines(parse_nvidia_smi_xml(sample)) == [
         "node: healthy; driver 580.159.04, CUDA 13.0, 1 GPU",
-        f"GPU 0 {BUS}: healthy, 35 C, 125 W",
+        f"GPU 0 ({BUS}): healthy, 35 C, 125 W",
     ]
 
 
@@ -377,7 +377,7 @@ def test_na_fields_parse_as_none(sample: str) -> None:
     ):
         assert getattr(g, field) is None, field
     assert h.verdict == "healthy"  # N/A is no reading, not a fault
-    assert summary_lines(h)[1] == f"GPU 0 {BUS}: healthy, temperature n/a, power n/a"
+    assert summary_lines(h)[1] == f"GPU 0 ({BUS}): healthy, temperature n/a, power n/a"
 
 
 def test_missing_sections_parse_as_none() -> None:
@@ -399,10 +399,11 @@ def test_node_verdict_is_the_worst_gpu_and_problems_name_the_gpu(sample: str) ->
     root = ET.fromstring(sample)
     first = root.find("gpu")
     assert first is not None
-    for bus, dbe in (("00000000:00:07.0", "0"), ("00000000:00:08.0", "1")):
+    for minor, bus, dbe in (("1", "00000000:00:07.0", "0"), ("2", "00000000:00:08.0", "1")):
         gpu = copy.deepcopy(first)
         gpu.set("id", bus)
         for path, value in (
+            ("minor_number", minor),
             ("pci/pci_bus_id", bus),
             ("ecc_errors/volatile/dram_uncorrectable", dbe),
         ):
@@ -429,9 +430,9 @@ def test_node_verdict_is_the_worst_gpu_and_problems_name_the_gpu(sample: str) ->
     lines = summary_lines(h)
     assert lines[0] == "node: unhealthy; driver 580.159.04, CUDA 13.0, 3 GPUs"
     assert lines[1:4] == [
-        f"GPU 0 {BUS}: degraded, 35 C, 125 W",
-        "GPU 1 00000000:00:07.0: healthy, 35 C, 125 W",
-        "GPU 2 00000000:00:08.0: unhealthy, 35 C, 125 W",
+        f"GPU 0 ({BUS}): degraded, 35 C, 125 W",
+        "GPU 1 (00000000:00:07.0): healthy, 35 C, 125 W",
+        "GPU 2 (00000000:00:08.0): unhealthy, 35 C, 125 W",
     ]
     assert lines[4:] == [f"- {p}" for p in h.problems]
 

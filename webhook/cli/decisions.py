@@ -121,5 +121,11 @@ def _print_diagnostics(c: Console, diag: dict[str, Any]) -> None:
     for node, d in sorted(diag.get("nodes", {}).items()):
         where = "unreachable" if d.get("unreachable") else d.get("artifacts", "")
         c.print(f"    diagnostics {node}: {d.get('verdict', 'unknown')}  {where}", markup=False)
-        for line in d.get("summary", [])[:12]:
+        # The node line and every problem, then the GPUs' lines as room allows: on an
+        # eight-GPU node the problems come after a dozen lines.
+        summary = [str(line) for line in d.get("summary", [])]
+        said = ("- ", "nvidia-smi:")  # the problems, and what nvidia-smi said on stderr
+        first = summary[:1] + [ln for ln in summary[1:] if ln.startswith(said)]
+        rest = [ln for ln in summary[1:] if not ln.startswith(said)]
+        for line in first + rest[: max(0, 12 - len(first))]:
             c.print(f"      {line}", markup=False, highlight=False)

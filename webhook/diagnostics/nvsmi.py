@@ -17,7 +17,11 @@ The input comes from the node being diagnosed, so it is not trusted: entity decl
 any DOCTYPE other than nvidia-smi's own bare external reference are refused before parsing
 (defusedxml is not a dependency of this project).
 
-`attached_gpus` is deliberately not compared with the number of <gpu> elements:
+GPUs are named by their minor number and PCI address (webhook/diagnostics/gpus.py), never by
+their place in the listing. Two more readings come from outside the XML, when the caller has
+them: the NVLink error counters (`nvidia-smi nvlink -e`, webhook/diagnostics/nvlink.py), matched
+to a GPU by UUID; and how many GPUs the node should have (`with_missing`), since
+`attached_gpus` alone is deliberately not compared with the number of <gpu> elements:
 `nvidia-smi -q -x -i 0` lists one GPU of eight and is not a fault.
 """
 
@@ -30,6 +34,9 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
+from webhook.diagnostics.gpus import MissingGpu, gpu_name, missing_gpus
+from webhook.diagnostics.nvlink import GpuLinks, LinkErrors, parse_nvlink_errors
+
 Verdict = Literal["healthy", "degraded", "unhealthy"]
 Severity = Literal["degraded", "unhealthy"]
 
@@ -40,6 +47,11 @@ MAX_INPUT_CHARS = 8 * 1024 * 1024
 # Project choices, not NVIDIA figures (see the rules below for why each exists).
 CORRECTABLE_REMAPPED_ROWS_DEGRADED = 512
 VOLATILE_SBE_DEGRADED = 1000
+PCIE_REPLAYS_UNHEALTHY = 100
+
+# The NVLink counters that count faults on Volta to Hopper (`nvidia-smi nvlink -e`); any other
+# counter a driver prints is kept but not judged.
+NVLINK_FAULT_COUNTERS = ("CRC Errors", "Replay Errors", "Recovery Errors")
 
 # Clock reasons that mean the hardware is protecting itself (heat, power delivery), as opposed
 # to idling, application clocks or the software power cap that any busy GPU may hit.
@@ -67,7 +79,8 @@ class GpuReadings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    index: int  # order in the file (nvidia-smi lists GPUs in its own index order)
+    index: int  # order in the file (nvidia-smi's index): shifts when a GPU is lost
+    minor_number: int | None  # /dev/nvidiaN: the GPU's name (dcgm-exporter's `gpu` label)
     pci_bus_id: str
     uuid: str | None
     serial: str | None
@@ -96,6 +109,15 @@ class GpuReadings(BaseModel):
     recovery_action: str | None  # NVML's recommendation: "None", "Reset", "Reboot", ...
     unrepairable_memory: bool | None
     error_fields: list[str]  # "path: error" for every field nvidia-smi could not read
+    # PCIe replays since the GPU was reset, and how often the replay number rolled over.
+    pcie_replays: int | None
+    pcie_replay_rollovers: int | None
+    # `nvidia-smi nvlink -e`, when the caller read it; [] for no link or no reading.
+    nvlink_errors: list[LinkErrors] = []
+
+    @property
+    def name(self) -> str:
+        return gpu_name(self.minor_number, self.pci_bus_id)
 
 
 class GpuHealth(GpuReadings):
@@ -113,9 +135,11 @@ class NodeHealth(BaseModel):
     driver_version: str
     cuda_version: str | None
     timestamp: str | None  # as nvidia-smi printed it, in the node's local time
+    attached_gpus: int | None  # the driver's count, lost GPUs included
     gpus: list[GpuHealth]
     verdict: Verdict
-    problems: list[str]  # each prefixed "GPU <index> (<pci bus id>): "
+    problems: list[str]  # each prefixed "GPU <minor> (<pci bus id>): "
+    missing: list[MissingGpu] = []  # set by with_missing
 
 
 class Finding(NamedTuple):
@@ -126,14 +150,17 @@ class Finding(NamedTuple):
 # --- public API -------------------------------------------------------------------------
 
 
-def parse_nvidia_smi_xml(text: str | bytes) -> NodeHealth:
-    """Parse `nvidia-smi -q -x` output. Raises ValueError (one line) on anything else."""
+def parse_nvidia_smi_xml(text: str | bytes, nvlink: str | None = None) -> NodeHealth:
+    """Parse `nvidia-smi -q -x` output, and `nvidia-smi nvlink -e` output when given.
+    Raises ValueError (one line) on anything else."""
     root = _parse_root(text)
     driver = _value(root, "driver_version")
     if driver is None:
         raise ValueError("not nvidia-smi XML: <driver_version> is missing")
-    gpus = [_gpu_health(i, el) for i, el in enumerate(root.findall("gpu"))]
-    problems = [f"GPU {g.index} ({g.pci_bus_id}): {p}" for g in gpus for p in g.problems]
+    elements = root.findall("gpu")
+    links = _links_by_gpu(elements, parse_nvlink_errors(nvlink) if nvlink else [])
+    gpus = [_gpu_health(i, el, links.get(i, [])) for i, el in enumerate(elements)]
+    problems = [f"{g.name}: {p}" for g in gpus for p in g.problems]
     if not gpus:
         # No GPU at all on a GPU node: fallen off the bus, or hidden from the driver.
         problems.append("nvidia-smi lists no GPU at all.")
@@ -141,20 +168,41 @@ def parse_nvidia_smi_xml(text: str | bytes) -> NodeHealth:
         driver_version=driver,
         cuda_version=_value(root, "cuda_version"),
         timestamp=_value(root, "timestamp"),
+        attached_gpus=_int(_value(root, "attached_gpus")),
         gpus=gpus,
         verdict=_worst(g.verdict for g in gpus) if gpus else "unhealthy",
         problems=problems,
     )
 
 
+def with_missing(h: NodeHealth, expected: int, lost: list[str]) -> NodeHealth:
+    """The node's health with the GPUs it should have shown but did not (unhealthy).
+
+    `expected`: how many GPUs the node has (the caller's best count: Slurm's gres, the
+    driver's `attached_gpus`); `lost`: the PCI addresses nvidia-smi said it could not reach
+    (webhook.diagnostics.gpus.lost_bus_ids of its stderr)."""
+    gone = missing_gpus(((g.minor_number, g.pci_bus_id) for g in h.gpus), expected, lost)
+    if not gone:
+        return h
+    of = max(expected, len(h.gpus) + len(gone))
+    problems = [f"nvidia-smi shows {len(h.gpus)} of {of} GPUs"]
+    problems += [f"{g.name}: missing from nvidia-smi's listing" for g in gone]
+    return h.model_copy(
+        update={"missing": gone, "verdict": "unhealthy", "problems": problems + h.problems}
+    )
+
+
 def summary_lines(h: NodeHealth) -> list[str]:
     """A short human summary: a node line, one line per GPU, then one line per problem."""
     count = f"{len(h.gpus)} GPU" + ("" if len(h.gpus) == 1 else "s")
+    if h.missing:
+        count += f" shown, {len(h.missing)} missing"
     lines = [f"node: {h.verdict}; driver {h.driver_version}, CUDA {h.cuda_version}, {count}"]
     for g in h.gpus:
         temp = "temperature n/a" if g.temperature_c is None else f"{g.temperature_c:.0f} C"
         power = "power n/a" if g.power_draw_w is None else f"{g.power_draw_w:.0f} W"
-        lines.append(f"GPU {g.index} {g.pci_bus_id}: {g.verdict}, {temp}, {power}")
+        lines.append(f"{g.name}: {g.verdict}, {temp}, {power}")
+    lines.extend(f"{g.name}: missing" for g in h.missing)
     lines.extend(f"- {p}" for p in h.problems)
     return lines
 
@@ -200,8 +248,22 @@ def _refuse_declarations(text: str) -> None:
             )
 
 
-def _gpu_health(index: int, gpu: ET.Element) -> GpuHealth:
-    readings = _gpu_readings(index, gpu)
+def _links_by_gpu(
+    elements: list[ET.Element], blocks: list[GpuLinks]
+) -> dict[int, list[LinkErrors]]:
+    """Each `nvidia-smi nvlink -e` block's links, by the place of its GPU in the XML: by UUID,
+    or by nvidia-smi's index when the block names no UUID (both list GPUs in index order)."""
+    places = {_value(el, "uuid"): i for i, el in enumerate(elements)}
+    found: dict[int, list[LinkErrors]] = {}
+    for b in blocks:
+        place = places.get(b.uuid) if b.uuid else b.index
+        if place is not None and place < len(elements) and b.links:
+            found[place] = b.links
+    return found
+
+
+def _gpu_health(index: int, gpu: ET.Element, links: list[LinkErrors]) -> GpuHealth:
+    readings = _gpu_readings(index, gpu).model_copy(update={"nvlink_errors": links})
     findings = [f for rule in RULES if (f := rule(readings)) is not None]
     return GpuHealth(
         **readings.model_dump(),
@@ -218,6 +280,7 @@ def _gpu_readings(index: int, gpu: ET.Element) -> GpuReadings:
     aggregate_dbe, aggregate_sbe = _ecc_counts(gpu.find("ecc_errors/aggregate"))
     return GpuReadings(
         index=index,
+        minor_number=_int(_value(gpu, "minor_number")),
         pci_bus_id=pci_bus_id,
         uuid=_value(gpu, "uuid"),
         serial=_value(gpu, "serial"),
@@ -248,6 +311,8 @@ def _gpu_readings(index: int, gpu: ET.Element) -> GpuReadings:
         recovery_action=_value(gpu, "gpu_recovery_action"),
         unrepairable_memory=_yes_no(_value(gpu, "ecc_errors/unrepairable_memory")),
         error_fields=_error_fields(gpu),
+        pcie_replays=_int(_value(gpu, "pci/replay_counter")),
+        pcie_replay_rollovers=_int(_value(gpu, "pci/replay_rollover_counter")),
     )
 
 
@@ -464,6 +529,44 @@ def _unrepairable(g: GpuReadings) -> Finding | None:
     return None
 
 
+def _nvlink_faults(g: GpuReadings) -> Finding | None:
+    """Unhealthy: any NVLink CRC, replay or recovery error since the counters were reset.
+
+    Why: a sound link counts none; every one is a flit that arrived corrupted (CRC), was sent
+    again (replay) or a link that had to retrain (recovery). The drain that ran this already
+    saw them rise; the counts say which link to reseat or replace.
+    """
+    bad = [
+        f"link {link.link} " + ", ".join(f"{name} {link.counters[name]}" for name in names)
+        for link in g.nvlink_errors
+        if (names := [n for n in NVLINK_FAULT_COUNTERS if link.counters.get(n)])
+    ]
+    if bad:
+        return Finding("unhealthy", f"NVLink errors: {'; '.join(bad)}.")
+    return None
+
+
+def _pcie_replays(g: GpuReadings) -> Finding | None:
+    """Unhealthy: PCIe replays since reset >= PCIE_REPLAYS_UNHEALTHY (100), or any rollover
+    of the replay number.
+
+    Why: a replay is a packet the link sent again after an error; a few over a GPU's uptime are
+    normal (the real H200 sample shows one), hundreds mean a marginal link or riser. A
+    rollover is a packet that failed its replays until the link retrained. 100 is a project
+    choice, not an NVIDIA limit: a snapshot cannot give the rate the alert measured.
+    """
+    replays, rollovers = g.pcie_replays or 0, g.pcie_replay_rollovers or 0
+    said = []
+    if replays >= PCIE_REPLAYS_UNHEALTHY:
+        said.append(f"{replays} PCIe replays since reset (threshold {PCIE_REPLAYS_UNHEALTHY})")
+    if rollovers:
+        said.append(f"the PCIe replay number rolled over {rollovers} time(s)")
+    if said:
+        text = "; ".join(said)
+        return Finding("unhealthy", text[0].upper() + text[1:] + ".")
+    return None
+
+
 def _slowdown(g: GpuReadings) -> Finding | None:
     """Degraded: a thermal or power-brake slowdown is active.
 
@@ -534,6 +637,8 @@ RULES: tuple[Callable[[GpuReadings], Finding | None], ...] = (
     _nvml_errors,
     _recovery_action,
     _unrepairable,
+    _nvlink_faults,
+    _pcie_replays,
     _slowdown,
     _aggregate_dbe,
     _many_correctable_remaps,

@@ -210,7 +210,12 @@ class Dispatcher:
             try:
                 result = self._run(
                     "collect_diagnostics",
-                    {"slurmedic_nodes": row.nodes, "slurmedic_incident": row.incident},
+                    {
+                        "slurmedic_nodes": row.nodes,
+                        "slurmedic_incident": row.incident,
+                        # its gres: how many GPUs each node should show
+                        "slurmedic_slurm_env": self.slurm_env,
+                    },
                     check=row.mode == "monitor" or self.force_monitor(),
                 )
                 note = keep(result, self.artifacts, row.incident)
