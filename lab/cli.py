@@ -287,6 +287,18 @@ _job_fault(
 )
 
 
+@inject.command(name="spoil-checkpoint")
+@click.argument("job_id", type=int)
+@click.argument("kind", type=click.Choice(["corrupt", "old"]))
+@pass_cfg
+@lab_errors
+def spoil_checkpoint_cmd(cfg: LabConfig, job_id: int, kind: str) -> None:
+    """The job's next attempt resumes from a spoiled checkpoint: corrupt (its step restored,
+    its loss back at the start) or old (two checkpoints before its last)."""
+    s = manage.spoil_checkpoint(cfg, job_id, kind)  # type: ignore[arg-type]
+    click.echo(f"job {job_id}'s attempt {s.attempt} will resume from a {s.kind} checkpoint")
+
+
 @lab.command(name="dcgm-domain")
 @click.argument("domain", default="")
 @pass_cfg

@@ -48,11 +48,28 @@ class JobFault(BaseModel):
     factor: float = Field(default=SLOW_FACTOR, gt=1.0)
 
 
+# What a spoiled checkpoint does to the attempt that loads it: `corrupt` restores the step but
+# not the weights (its loss is back where training began), `old` loads the one two before the
+# last (a job whose newer checkpoints did not save; none, when it has fewer): two, so that it
+# is older than the last one slurmedic saw, even if a checkpoint was written after its read.
+SpoilKind = Literal["corrupt", "old"]
+
+
+class Spoiled(BaseModel):
+    attempt: int = Field(ge=0)  # the attempt that resumes from it
+    kind: SpoilKind
+
+
 class JobControl(BaseModel):
     faults: list[JobFault] = []
+    spoiled: list[Spoiled] = []
 
     def for_rank(self, rank: int, attempt: int) -> JobFault | None:
         mine = [f for f in self.faults if f.rank == rank and f.attempt == attempt]
+        return mine[-1] if mine else None
+
+    def spoiled_for(self, attempt: int) -> SpoilKind | None:
+        mine = [s.kind for s in self.spoiled if s.attempt == attempt]
         return mine[-1] if mine else None
 
 
@@ -109,6 +126,13 @@ def add_job_fault(path: Path, *faults: JobFault) -> None:
     with _locked(path):
         state = load_job_control(path)
         state.faults.extend(faults)
+        _atomic_write(path, state.model_dump_json(indent=1))
+
+
+def add_spoiled(path: Path, spoiled: Spoiled) -> None:
+    with _locked(path):
+        state = load_job_control(path)
+        state.spoiled.append(spoiled)
         _atomic_write(path, state.model_dump_json(indent=1))
 
 

@@ -22,8 +22,11 @@ from lab.faults import (
     GpuFaultKind,
     JobFault,
     JobFaultKind,
+    Spoiled,
+    SpoilKind,
     add_gpu_fault,
     add_job_fault,
+    add_spoiled,
     clear_gpu_faults,
     control_path,
 )
@@ -340,6 +343,14 @@ def inject_job(
     ]
     add_job_fault(control_path(cfg.jobs, job_id), *faults)
     return faults[0]
+
+
+def spoil_checkpoint(cfg: LabConfig, job_id: int, kind: SpoilKind) -> Spoiled:
+    """The running job's next attempt resumes from a spoiled checkpoint (lab/faults.py)."""
+    _, attempt = running_job(cfg, job_id)
+    spoiled = Spoiled(attempt=attempt + 1, kind=kind)
+    add_spoiled(control_path(cfg.jobs, job_id), spoiled)
+    return spoiled
 
 
 def set_dcgm_domain(cfg: LabConfig, domain: str) -> None:

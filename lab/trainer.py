@@ -4,7 +4,8 @@ It behaves like a data-parallel training job where it matters to slurmedic: rank
 lockstep (a file barrier stands in for the all-reduce), so one hung rank stalls them all and the
 others die with PyTorch's NCCL watchdog lines after the collective timeout; it checkpoints every
 few steps and resumes from the last complete checkpoint when Slurm requeues it; it reports
-progress through slurmedic_progress, as a real job would; and it logs to
+progress through slurmedic_progress, as a real job would, with a loss that falls with the
+steps its weights were trained for (a spoiled checkpoint sends it back); and it logs to
 `<run>/joblogs/slurm-<job>-<node>-<rank>.out`, the file mtail tails. Faults come from
 `slurmedic lab inject job ...` through a control file.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import sys
 import time
@@ -24,6 +26,7 @@ from lab.config import LabConfig
 from lab.faults import JobFault, control_path, load_job_control, write_json
 
 BARRIER_POLL_S = 0.05
+KEEP_CHECKPOINTS = 5  # each rank's last checkpoints, as a job keeps a few to fall back on
 
 
 def glog_stamp(level: str = "E") -> str:
@@ -53,23 +56,42 @@ class Rank:
         print(f"[rank{self.rank}]:{msg}", flush=True)
 
     # ---- checkpoints ---------------------------------------------------------------------
-    def resume_point(self) -> tuple[int, float | None]:
-        """The last step every rank checkpointed (a partial checkpoint is unusable), and when
-        it was written (the earliest of the ranks' shards)."""
-        steps, times = [], []
+    def resume_point(self) -> tuple[int, float | None, int]:
+        """The last step every rank checkpointed (a partial checkpoint is unusable), when it was
+        written (the earliest of the ranks' shards), and the steps its weights were trained
+        for. A spoiled checkpoint (lab/faults.py) loads an older one (`old`), or the step without
+        the weights (`corrupt`)."""
+        spoiled = load_job_control(self.control).spoiled_for(self.attempt)
+        kept: list[list[list[float]]] = []  # per rank: [step, time] of each checkpoint kept
         for r in range(self.world):
             try:
                 shard = json.loads((self.ckpt_dir / f"rank{r}.json").read_text())
-                steps.append(int(shard["step"]))
-                times.append(float(shard["time"]))
-            except (OSError, ValueError, KeyError):
-                return 0, None
-        return min(steps), min(times)
+                kept.append([[float(s), float(t)] for s, t in shard["kept"]])
+            except (OSError, ValueError, KeyError, TypeError):
+                return 0, None, 0
+        complete = sorted(set.intersection(*(set(s for s, _ in k) for k in kept)))
+        if spoiled == "old":
+            complete = complete[:-2]
+        if not complete:
+            return 0, None, 0
+        step = complete[-1]
+        written = min(t for k in kept for s, t in k if s == step)
+        return int(step), written, 0 if spoiled == "corrupt" else int(step)
 
     def save_checkpoint(self, step: int) -> None:
-        write_json(self.ckpt_dir / f"rank{self.rank}.json", {"step": step, "time": time.time()})
+        path = self.ckpt_dir / f"rank{self.rank}.json"
+        try:
+            kept = json.loads(path.read_text())["kept"][-(KEEP_CHECKPOINTS - 1) :]
+        except (OSError, ValueError, KeyError):
+            kept = []
+        write_json(path, {"kept": [*kept, [step, time.time()]]})
         self.reporter.checkpoint(step)
         self.log(f" saved checkpoint at step {step}")
+
+    def loss(self, trained: int) -> float:
+        """The training loss after `trained` steps: falling fast, then flattening, as a real
+        run's does; the same on every rank (it is reduced across them)."""
+        return 1.0 + 4.0 * math.exp(-trained / 30)
 
     # ---- the collective --------------------------------------------------------------------
     def peer_step(self, r: int) -> int:
@@ -145,13 +167,13 @@ class Rank:
 
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> int:
-        step, written = self.resume_point()
+        step, written, trained = self.resume_point()
         self.log(
             f" job {self.job} attempt {self.attempt} on {self.node}: world size {self.world}, "
             f"{'resuming from checkpoint at step ' + str(step) if step else 'starting at step 0'}"
         )
-        self.reporter.checkpoint(step, written_at=written)
-        self.reporter.step(step, 0.0)
+        self.reporter.resumed(step, written_at=written)
+        self.reporter.step(step, 0.0, quality=self.loss(trained))
         while step < self.args.steps:
             fault = self.fault()
             delay = self.args.step_time
@@ -167,8 +189,9 @@ class Rank:
             time.sleep(delay)
             compute = time.monotonic() - t0
             step += 1
+            trained += 1
             self.all_reduce(step)
-            self.reporter.step(step, compute)
+            self.reporter.step(step, compute, quality=self.loss(trained))
             if step % self.args.ckpt_every == 0:
                 self.save_checkpoint(step)
         self.log(f" training finished at step {step}")

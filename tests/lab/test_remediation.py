@@ -9,17 +9,20 @@ approves; a rejection changes nothing.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lab import api, manage, monitoring, processes
 from lab.config import LabConfig
+from lab.faults import SpoilKind
 from lab.slurm import node_states, slurm
 from tests.lab.conftest import (
     PLAYBOOK_RUN_S,
@@ -32,7 +35,7 @@ from tests.lab.conftest import (
     slurmedic_story,
 )
 from webhook.core.lifecycle import AWAITING_APPROVAL, SUPERSEDED
-from webhook.ledger.schema import DecisionRow
+from webhook.ledger.schema import DecisionRow, RecoveryRow
 from webhook.ledger.store import Ledger
 from webhook.rules import dashboards
 
@@ -175,6 +178,13 @@ def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
     )[0]
     assert recovery.failed_step is not None and recovery.failed_step >= 5
     assert recovery.restored_seconds is not None and recovery.restored_seconds > 0
+    # ... with how it resumed: from the last complete checkpoint, its loss going on falling.
+    # (A checkpoint may be written between slurmedic's read and the requeue: never older.)
+    assert recovery.checkpoint_step is not None and recovery.resume_step == resumed
+    assert resumed >= recovery.checkpoint_step, recovery.reason
+    assert recovery.lost_steps == max(recovery.failed_step - resumed, 0)
+    assert recovery.quality_before is not None and recovery.quality_after is not None
+    assert recovery.quality_after <= recovery.quality_before
     eventually(
         lambda: (
             query(lab_cfg, 'slurmedic_recoveries_total{outcome="recovered"} >= 1')
@@ -210,6 +220,126 @@ def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
     folder = Path(node["artifacts"])
     assert (folder / "nvidia-smi.xml").is_file() and (folder / "summary.txt").is_file()
     assert "slurmd" in (folder / "slurmd.log").read_text()
+
+
+def spoiled_recovery(
+    cfg: LabConfig, ledger: Ledger, submit: Callable[..., int], kind: SpoilKind
+) -> RecoveryRow:
+    """An XID 79 under a job whose next attempt resumes from a spoiled checkpoint; the
+    recovery once judged."""
+    job, nodes = checkpointed_job(cfg, submit)
+    # Far enough into training that its loss is well below where it began.
+    ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}})'
+    eventually(lambda: (r := query(cfg, ckpt)) and r[0]["value"] >= 40, what="8 checkpoints")
+    manage.spoil_checkpoint(cfg, job, kind)
+    eventually(
+        lambda: query(cfg, f'slurmedic_job_eligible{{slurm_job_id="{job}"}} == 1'),
+        what="slurmedic sees the job",
+    )
+    manage.inject_gpu(cfg, "xid", nodes[1], 4, xid=79)
+    try:
+        judged = eventually(
+            lambda: [
+                r for r in ledger.recoveries() if r.incident == f"{job}.0" and r.state != "watching"
+            ],
+            timeout=150,
+            what=f"the recovery of {job}.0 judged",
+        )[0]
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{slurmedic_story(cfg, ledger, job)}") from None
+    # The node drained, the job requeued (an escalation beside them when the node failed in
+    # an earlier test too: a repeat).
+    ran = {r.action: r.state for r in ledger.incident_decisions(f"{job}.0")}
+    assert (ran["drain"], ran["requeue"]) == ("executed", "executed"), ran
+    return judged
+
+
+def test_a_resume_from_an_older_checkpoint_is_recovered_with_the_work_it_lost(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    r = spoiled_recovery(lab_cfg, enforce, submit, "old")
+    assert r.state == "recovered", r.reason
+    assert r.checkpoint_step is not None and r.failed_step is not None
+    # Two checkpoints before the last (every 5 steps): more steps lost than a sound resume.
+    assert r.resume_step is not None and r.resume_step < r.checkpoint_step, r.reason
+    assert r.lost_steps == r.failed_step - r.resume_step
+    assert r.lost_seconds is not None and r.lost_seconds > 0
+    assert r.start_seconds is not None and r.start_seconds >= 0
+    assert (
+        f"resumed from step {r.resume_step:g} (last checkpoint {r.checkpoint_step:g})" in r.reason
+    )
+
+
+def drill(cfg: LabConfig, ledger: Ledger, job: int, *args: str) -> dict[str, Any]:
+    """`slurmedic drill JOB ... --wait`, then the drill as `slurmedic drills --json` shows it."""
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "drill",
+            str(job),
+            *args,
+            "--wait=180",
+            f"--config={cfg.slurmedic_config}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    listed = cli(cfg, "drills", "--json")
+    assert listed.returncode == 0, listed.stderr
+    found: dict[str, Any]
+    (found,) = [d for d in json.loads(listed.stdout) if d["job"] == job]
+    found["exit"], found["said"] = ran.returncode, ran.stdout + ran.stderr
+    found["story"] = slurmedic_story(cfg, ledger, job)
+    return found
+
+
+def test_a_drill_interrupts_a_job_and_passes_when_it_resumes_from_its_last_checkpoint(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    job, nodes = checkpointed_job(lab_cfg, submit)
+    eventually(
+        lambda: query(lab_cfg, f'slurmedic_job_eligible{{slurm_job_id="{job}"}} == 1'),
+        what="slurmedic sees the job",
+    )
+    real = len(enforce.figures().recoveries)
+    d = drill(lab_cfg, enforce, job, "--exclude", nodes[2])
+    assert (d["exit"], d["outcome"]) == (0, "passed"), d
+    assert "passed" in d["said"]
+    # Resumed from its last checkpoint (or a later one: one may be written meanwhile), with
+    # what the interruption cost.
+    assert d["resumed_from_step"] >= d["last_checkpoint_step"] > 0, d
+    assert d["lost_steps"] is not None and d["start_seconds"] is not None, d
+    assert d["quality_after"] <= d["quality_before"], d
+    # The node it excluded was not drained: a drill takes nothing out of service.
+    assert nodes[2] not in next_attempt(lab_cfg, job)
+    assert "drain" not in node_states(lab_cfg)[nodes[2]]
+    # Apart from real recoveries, in the ledger's figures and in /metrics.
+    assert len(enforce.figures().recoveries) == real
+    eventually(
+        lambda: query(lab_cfg, 'slurmedic_drills{outcome="passed"} >= 1'),
+        what="the drill in slurmedic's /metrics",
+    )
+
+
+def test_a_drill_fails_when_the_job_resumes_from_a_corrupt_checkpoint(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    job, _ = checkpointed_job(lab_cfg, submit)
+    ckpt = f'min(training_last_checkpoint_step{{slurm_job_id="{job}"}})'
+    eventually(lambda: (r := query(lab_cfg, ckpt)) and r[0]["value"] >= 40, what="8 checkpoints")
+    manage.spoil_checkpoint(lab_cfg, job, "corrupt")
+    d = drill(lab_cfg, enforce, job)
+    assert (d["exit"], d["outcome"]) == (1, "failed"), d
+    assert "its output is not usable" in d["reason"], d
+    # Handed to a human, and nothing else done to the job.
+    (escalation,) = [
+        r for r in enforce.incident_decisions(f"verify:{job}.0") if r.action == "escalate"
+    ]
+    assert escalation.guard == "drill_failed" and escalation.cause == "drill"
 
 
 def test_every_dashboard_query_answers_after_a_recovery(

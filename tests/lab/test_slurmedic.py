@@ -4,6 +4,8 @@ Monitor mode (the lab's policy): the recommendation is recorded within seconds, 
 left exactly as it was.
 """
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -122,3 +124,47 @@ def test_an_application_crash_stops_the_job_and_drains_nothing(
     assert [(r.action, r.cause) for r in rows] == [("stop", "application")], [
         (r.action, r.cause, r.evidence) for r in rows
     ]
+
+
+def test_a_drill_in_monitor_mode_is_a_dry_run_of_the_interruption(
+    lab_cfg: LabConfig, ledger: Ledger, submit: Callable[..., int]
+) -> None:
+    job = submit(nodes=2)
+    nodes = running_nodes(lab_cfg, job)
+    before = slurm_state(lab_cfg)
+    asked = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "drill",
+            str(job),
+            "--exclude",
+            nodes[1],
+            f"--config={lab_cfg.slurmedic_config}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert asked.returncode == 0 and f"of job {job} asked for now" in asked.stdout, asked
+    (row,) = decided(ledger, f"drill:{job}.0")
+    assert (row.action, row.cause, row.mode, row.exclude) == (
+        "requeue",
+        "drill",
+        "monitor",
+        [nodes[1]],
+    )
+    # Its dry run shows what it would send Slurm; Slurm is left as it was.
+    dry = eventually(
+        lambda: next(
+            (e.detail["dry_run"] for e in ledger.decision(row.id)[1] if "dry_run" in e.detail),  # type: ignore[index]
+            None,
+        ),
+        timeout=PLAYBOOK_RUN_S,
+        what="the drill's dry run",
+    )
+    assert f"scontrol requeuehold {job}" in dry["commands"], dry
+    assert f"scontrol update jobid={job} ExcNodeList={nodes[1]}" in dry["commands"], dry
+    assert slurm_state(lab_cfg) == before

@@ -171,13 +171,18 @@ def test_a_successor_whose_quality_jumped_back_is_not_recovered_and_goes_to_its_
     v = judge(ASSESSED, resumed(100, 9.0), job(), at(95), VERIFY)
     assert (v.state, v.unusable, v.charged) == ("failed", True, False)
     assert "its output is not usable" in v.reason and "quality 2 before, 9 after" in v.reason
-    # Within the policy's tolerance (25 %) it is usable; without a quality value it is not
-    # judged on it.
+    # Within the policy's tolerance (25 % worse) it is usable; better by any amount (it trained
+    # on before it was judged) too; without a quality value it is not judged on it.
     assert judge(ASSESSED, resumed(100, 2.45), job(), at(95), VERIFY).state == "recovered"
+    assert judge(ASSESSED, resumed(100, 0.5), job(), at(95), VERIFY).state == "recovered"
     strict = load_policy({"verify": {"quality_tolerance": 0.1}}).verify
     assert judge(ASSESSED, resumed(100, 2.45), job(), at(95), strict).unusable
     blind = [replace(r, quality=None) for r in resumed(100, 0)]
     assert judge(ASSESSED, blind, job(), at(95), VERIFY).state == "recovered"
+    # An accuracy: higher is better, and a drop is what is worse.
+    accuracy = load_policy({"verify": {"quality_better": "higher"}}).verify
+    assert judge(ASSESSED, resumed(100, 0.5), job(), at(95), accuracy).unusable
+    assert judge(ASSESSED, resumed(100, 9.0), job(), at(95), accuracy).state == "recovered"
 
 
 def test_the_failure_point_keeps_the_failed_attempt_s_quality() -> None:

@@ -100,6 +100,20 @@ class Prometheus:
             merged.setdefault(key, []).extend(float(t) for t, _ in s["values"])
         return [(dict(k), sorted(set(ts))) for k, ts in merged.items()]
 
+    def checkpoint_times(self, job: int, window: timedelta) -> list[float]:
+        """When the job's checkpoints were written, as its ranks reported them within
+        `window`: the distinct values of the rank that reported the most."""
+        expr = (
+            f'training_last_checkpoint_timestamp_seconds{{slurm_job_id="{int(job)}"}}'
+            f"[{int(window.total_seconds())}s]"
+        )
+        result = self._call(lambda: self.client.custom_query(expr))
+        ranks = [
+            sorted({float(v) for _, v in s["values"]})
+            for s in self._series(expr, result, "values", "a matrix")
+        ]
+        return max(ranks, key=len, default=[])
+
     def rule_intervals(self) -> dict[str, timedelta]:
         """Each alerting rule's evaluation interval, by alert name (its group's)."""
         data = self._call(

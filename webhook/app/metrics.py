@@ -161,6 +161,15 @@ class LedgerCollector(Collector):
             always=[("drain",), ("requeue",), ("stop",)],
         )
         yield from self._recoveries(fig.recoveries)
+        drills = GaugeMetricFamily(
+            "slurmedic_drills",
+            "Recovery drills by outcome: asked, refused, watching, passed, failed, unverified "
+            "(apart from every figure of real recoveries).",
+            labels=["outcome"],
+        )
+        for outcome, n in fig.drills.items():
+            drills.add_metric([outcome], n)
+        yield drills
         yield from self._review(fig)
         yield from self._nodes()
         yield from self._settings()

@@ -20,6 +20,8 @@ COMMANDS = {
     "console": "webhook.cli.console:console",
     "decisions": "webhook.cli.decisions:decisions",
     "doctor": "webhook.cli.doctor:doctor",
+    "drill": "webhook.cli.drill:drill",
+    "drills": "webhook.cli.drill:drills_cmd",
     "files": "webhook.cli.files:files",
     "lab": "lab.cli:lab",
     "loop": "webhook.cli.serve:loop_cmd",

@@ -2,7 +2,8 @@
 
 An incident is one failure of one job attempt (`1001.0`: job 1001, restart count 0), the n-th
 failure of an idle node (`node:gpu02`, then `node:gpu02:2`, ...), the verifier's judgement of a
-requeued attempt (`verify:1001.0`), or a human's return of nodes to service (`resume:gpu[01-02]`).
+requeued attempt (`verify:1001.0`), an operator's recovery drill of an attempt (`drill:1001.0`),
+or a human's return of nodes to service (`resume:gpu[01-02]`).
 The key reaches Slurm in a drain reason (`slurmedic: node:gpu02:2 gpu_hardware`, built here:
 `drain_reason`), so every key a drain can carry is made of characters a reason may hold:
 letters, digits and `:._-` (a resume's `[],+` never reach a reason: nothing drains for one).
@@ -27,7 +28,7 @@ import hostlist
 
 from webhook.core.patterns import DRAIN_REASON, NODE_NAME
 
-Kind = Literal["attempt", "node", "verify", "resume"]
+Kind = Literal["attempt", "node", "verify", "drill", "resume"]
 _ATTEMPT = re.compile(r"^([0-9]{1,10})\.([0-9]{1,6})\Z")  # \Z: no trailing newline
 # A node name holds no `:` or `#`; what it may hold is NODE_NAME's to say (of_node checks).
 _NODE = re.compile(r"^node:([^:#\n]+)(?:[:#]([0-9]{1,6}))?\Z")
@@ -37,6 +38,7 @@ _NODE = re.compile(r"^node:([^:#\n]+)(?:[:#]([0-9]{1,6}))?\Z")
 MAX_LEN = 128
 VERIFY = "verify:"  # the prefix of the verifier's keys (the ledger selects them by it)
 RESUME = "resume:"  # the prefix of a human's resumes (`slurmedic resume`)
+DRILL = "drill:"  # the prefix of an operator's recovery drills (`slurmedic drill`)
 REASON = "slurmedic: "  # how a drain's reason starts: the nodes slurmedic drained, and may resume
 
 
@@ -69,6 +71,10 @@ class IncidentKey:
         return cls("verify", job=job, attempt=attempt)
 
     @classmethod
+    def drilling(cls, job: int, attempt: int) -> IncidentKey:
+        return cls("drill", job=job, attempt=attempt)
+
+    @classmethod
     def resuming(cls, nodes: tuple[str, ...]) -> IncidentKey:
         return cls("resume", nodes=tuple(sorted(set(nodes))))
 
@@ -78,6 +84,8 @@ class IncidentKey:
             return f"{self.job}.{self.attempt}"
         if self.kind == "verify":
             return f"{VERIFY}{self.job}.{self.attempt}"
+        if self.kind == "drill":
+            return f"{DRILL}{self.job}.{self.attempt}"
         if self.kind == "node":
             return f"node:{self.node}" if self.seq == 1 else f"node:{self.node}:{self.seq}"
         key = f"{RESUME}{hostlist.collect_hostlist(list(self.nodes))}"
@@ -94,6 +102,8 @@ class IncidentKey:
             return cls.of_attempt(int(m[1]), int(m[2]))
         if text.startswith(VERIFY) and (m := _ATTEMPT.match(text.removeprefix(VERIFY))):
             return cls.verifying(int(m[1]), int(m[2]))
+        if text.startswith(DRILL) and (m := _ATTEMPT.match(text.removeprefix(DRILL))):
+            return cls.drilling(int(m[1]), int(m[2]))
         if m := _NODE.match(text):
             return cls.of_node(m[1], int(m[2] or 1))
         if text.startswith(RESUME):

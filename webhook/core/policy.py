@@ -74,6 +74,11 @@ class Scope(_Strict):
     require_opt_in: bool = False
 
 
+class Drills(_Strict):
+    # Only jobs whose comment says {"slurmedic": {"drill": true}} are drilled.
+    require_opt_in: bool = False
+
+
 class RetryBudget(_Strict):
     """Two budgets per job in `window`, counted apart (decisions.removes):
 
@@ -164,6 +169,9 @@ class Slowdown(_Strict):
     checkpoint_margin: Duration = timedelta(minutes=2)
 
 
+QualityBetter = Literal["lower", "higher"]
+
+
 class Verify(_Strict):
     # A requeued job must pass the step it failed at within this time (restart, resume from
     # the checkpoint, catch up) or its recovery counts as failed.
@@ -172,9 +180,10 @@ class Verify(_Strict):
     pending_limit: Duration = timedelta(hours=24)
     # Stop a job whose restarts keep failing before they write a first checkpoint.
     max_failures_before_checkpoint: int = Field(default=2, ge=1)
-    # A successor's quality value (the loss its job reports) must continue the failed
-    # attempt's within this fraction of it: further apart, its checkpoint was not sound.
+    # A successor's quality value (the loss its job reports) may be at most this fraction of
+    # it worse than the failed attempt's last: worse still, its checkpoint was not sound.
     quality_tolerance: float = Field(default=0.25, gt=0)
+    quality_better: QualityBetter = "lower"  # a loss; "higher" for an accuracy
 
 
 class PartitionModes(_Strict):
@@ -238,6 +247,7 @@ class Policy(_Strict):
     repeats: Repeats = Repeats()
     slowdown: Slowdown = Slowdown()
     verify: Verify = Verify()
+    drills: Drills = Drills()
     # A decision waiting for approval longer than this expires (state `expired`): it was made on
     # a view of the cluster that has moved on, and a human approving it hours later would act on
     # that old view. The job's next failure is decided anew.

@@ -32,7 +32,7 @@ from typing import Literal
 from webhook.core.cluster import Job
 from webhook.core.decisions import Decision, PastAction
 from webhook.core.incidents import IncidentKey
-from webhook.core.policy import Verify
+from webhook.core.policy import QualityBetter, Verify
 
 State = Literal["watching", "recovered", "failed", "unverified"]
 
@@ -131,17 +131,19 @@ class Resume:
         """It resumed from an older checkpoint than the last complete one (or from scratch)."""
         return self.step is not None and self.expected is not None and self.step < self.expected
 
-    def quality_jump(self) -> float | None:
-        """How far the quality value moved from where the failed attempt left it, relative to
-        it; None when either side is not reported."""
+    def quality_worse(self, better: QualityBetter) -> float | None:
+        """How much worse the successor's quality value is than where the failed attempt left
+        it, relative to it (negative: better); None when either side is not reported. Only
+        worse counts: a successor judged a few steps past the failure has trained on, and a
+        loss that fell meanwhile is no sign of a bad checkpoint."""
         if self.quality_before is None or self.quality_after is None:
             return None
-        scale = max(abs(self.quality_before), 1e-12)
-        return abs(self.quality_after - self.quality_before) / scale
+        change = (self.quality_after - self.quality_before) / max(abs(self.quality_before), 1e-12)
+        return change if better == "lower" else -change
 
-    def usable(self, tolerance: float) -> bool | None:
-        jump = self.quality_jump()
-        return None if jump is None else jump <= tolerance
+    def usable(self, verify: Verify) -> bool | None:
+        worse = self.quality_worse(verify.quality_better)
+        return None if worse is None else worse <= verify.quality_tolerance
 
     def said(self) -> str:
         """The evidence in words, for a verdict's reason."""
@@ -154,11 +156,9 @@ class Resume:
             if self.lost_seconds is not None:
                 lost += f" ({self.lost_seconds:.0f} s of training)"
             parts.append(lost)
-        if (jump := self.quality_jump()) is not None:
-            assert self.quality_before is not None and self.quality_after is not None
+        if self.quality_before is not None and self.quality_after is not None:
             parts.append(
-                f"quality {self.quality_before:.4g} before, {self.quality_after:.4g} after "
-                f"({jump:.0%} apart)"
+                f"quality {self.quality_before:.4g} before, {self.quality_after:.4g} after"
             )
         return "; ".join(parts)
 
@@ -255,13 +255,14 @@ def judge(
     if mine and all(_stepped_past(r, target) for r in mine):
         resume = resume_of(watch, mine)
         evidence = resume.said()
-        if resume.usable(verify.quality_tolerance) is False:
+        if resume.usable(verify) is False:
             # It trains, but not on the state it had: the owner must look before more is lost.
             return Verdict(
                 "failed",
                 f"attempt {successor} trains past step {target:g}, but its output is not "
-                f"usable: its quality value did not continue the failed attempt's (tolerance "
-                f"{verify.quality_tolerance:.0%}): {evidence}",
+                f"usable: its quality value is more than {verify.quality_tolerance:.0%} "
+                f"worse than the failed attempt's ({verify.quality_better} is better): "
+                f"{evidence}",
                 resume=resume,
                 unusable=True,
             )

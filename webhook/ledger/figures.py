@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 
@@ -66,8 +66,10 @@ class Figures:
     decisions: list[DecisionCount]
     outcomes: list[Outcomes]
     timings: list[Timing]
-    recoveries: list[Recovery]
+    recoveries: list[Recovery]  # real ones: drills are apart
     waiting_since: list[datetime]  # when each decision awaiting approval was decided
     verdicts: list[VerdictCount]
     open_escalations: int  # escalations nobody has recorded a verdict on
     mismatches: list[Mismatches]
+    # Drills by outcome: asked (not planned yet), refused, watching, passed, failed, unverified.
+    drills: dict[str, int] = field(default_factory=dict)

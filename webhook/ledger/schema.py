@@ -205,6 +205,23 @@ class RecoveryRow(Base):
     drill: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
+class DrillRow(Base):
+    """An operator's request for a recovery drill (webhook/core/drills.py) and what became of
+    it: `asked` until the leader's loop plans it (from `not_before`), then `decided` (its
+    decision under incident `drill:<job>.<n>`) or `refused` (why not, in `reason`)."""
+
+    __tablename__ = "drills"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job: Mapped[int] = mapped_column(Integer, index=True)
+    exclude: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    by: Mapped[str] = mapped_column(String(128))
+    asked_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    not_before: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    incident: Mapped[str | None] = mapped_column(String(MAX_LEN), nullable=True)
+
+
 class LeaseRow(Base):
     """Who leads (decides and executes) among the replicas on this ledger, until when, and the
     fencing token of its term: every claim of a decision names the token, and a term that

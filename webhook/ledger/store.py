@@ -30,6 +30,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
+from webhook.core import drills
 from webhook.core.alerts import Alert, Payload
 from webhook.core.decisions import (
     BLAMELESS,
@@ -41,6 +42,7 @@ from webhook.core.decisions import (
     PastAction,
     held,
 )
+from webhook.core.drills import Request
 from webhook.core.engine import Incident, Restored, evidence_key
 from webhook.core.failures import Failure
 from webhook.core.incidents import VERIFY, BadIncidentKey, IncidentKey
@@ -63,6 +65,7 @@ from webhook.core.recovery import FailurePoint, Verdict, Watch
 from webhook.core.shared_cause import Judgement
 from webhook.core.validation import describe
 from webhook.ledger import migrate
+from webhook.ledger.drills import Drills
 from webhook.ledger.figures import (
     DecisionCount,
     Figures,
@@ -180,6 +183,7 @@ class Ledger:
             raise Unavailable(f"database_url: {str(e.orig or e).splitlines()[0]}") from e
         self.session = sessionmaker(self.engine, expire_on_commit=False)
         self.leases = Leases(self.engine)
+        self.drills = Drills(self.session)
         # The leader's term (a loop's ledger, `fenced`): while set, every decision recorded,
         # every move of one and every recovery judged succeed only as long as the term is the
         # lease's current one (LostLease). None: a human's command, the webhook.
@@ -195,6 +199,22 @@ class Ledger:
         transaction (webhook/ledger/leases.py, check_term)."""
         if self.term is not None:
             check_term(s.connection(), self.term)
+
+    def plan_drill(self, request: Request, decided: Decision | None, reason: str) -> list[int]:
+        """A drill request planned (webhook/ledger/drills.py): its decision recorded in this
+        ledger's term, or refused with `reason`."""
+
+        def record(s: Session, decisions: Sequence[Decision]) -> list[int]:
+            self._in_term(s)
+            return _insert_decisions(s, decisions, {"by": "drill"})
+
+        try:
+            return self.drills.settle(request, decided, reason, record)
+        except IntegrityError:
+            # One drill an attempt (the decisions' unique index): the job must run again first.
+            assert decided is not None
+            again = f"attempt {decided.incident} was drilled already"
+            return self.drills.settle(request, None, again, record)
 
     def fenced(self, term: Term) -> Ledger:
         """This ledger (the same engine and sessions) writing only in `term`: what one term's
@@ -844,7 +864,7 @@ class Ledger:
                         RecoveryRow.state,
                         RecoveryRow.restored_seconds,
                         RecoveryRow.work_lost_seconds,
-                    )
+                    ).where(RecoveryRow.drill.is_(False))
                 ).all()
             ]
             waiting = [
@@ -875,8 +895,17 @@ class Ledger:
                     select(d.action, func.count()).where(d.mismatch.is_not(None)).group_by(d.action)
                 ).all()
             ]
+            drills = Drills.outcomes(s)
         return Figures(
-            counts, outcomes, timings, recoveries, waiting, verdicts, escalations, mismatches
+            counts,
+            outcomes,
+            timings,
+            recoveries,
+            waiting,
+            verdicts,
+            escalations,
+            mismatches,
+            drills,
         )
 
     def record_begins(self) -> datetime | None:
@@ -890,7 +919,9 @@ class Ledger:
         with self.session() as s:
             for rec in s.scalars(
                 select(RecoveryRow).where(
-                    RecoveryRow.state == "recovered", RecoveryRow.decided_at >= since
+                    RecoveryRow.state == "recovered",
+                    RecoveryRow.decided_at >= since,
+                    RecoveryRow.drill.is_(False),
                 )
             ):
                 assert rec.decided_at is not None
@@ -1019,6 +1050,8 @@ class Ledger:
             .execution_options(yield_per=1000)
         )
         for r in rows:
+            if r.cause == drills.CAUSE:
+                continue  # an operator's drill: never charged to the job, nor to the cluster
             if r.guard == "recovery_failed" and r.action == "escalate":
                 first = r.evidence[0] if r.evidence else {}
                 if not first.get("charged"):

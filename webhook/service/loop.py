@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from itertools import groupby
 
 from webhook.adapters.slurm import SlurmError
-from webhook.core import durations
+from webhook.core import drills, durations
 from webhook.core.alerts import Alert, Payload, wrap
 from webhook.core.cluster import ClusterView, eligible
 from webhook.core.decisions import Decision
@@ -304,10 +304,15 @@ class LiveLoop:
             for d in decisions:
                 log.info("%s %s %s %s: %s", d.incident, d.action, d.state, d.cause, d.reason)
         verified = self._verify()
+        drilled = self._drills()
         if self.dispatcher is not None and not self.stopping.is_set():
             if verified:
                 rows = self.ledger.rows(verified)
                 self.dispatcher.dispatch([r for r in rows if r.state == RECORDED])
+            if drilled:
+                # A drill in monitor mode is its dry run; in approve mode, what the approver reads.
+                rows = self.ledger.rows(drilled)
+                self.dispatcher.dispatch([r for r in rows if r.state in DRY_RUN_FIRST])
             self.dispatcher.dispatch(self.dispatcher.pending())
         self._notify()
         self._publish()
@@ -423,6 +428,22 @@ class LiveLoop:
             except IllegalTransition:
                 continue  # a human or the executor moved it first
             log.info("decision %s: global switch to monitor, recorded", row.id)
+
+    def _drills(self) -> list[int]:
+        """Operators' drill requests that are due, planned on this loop's view of the cluster
+        (webhook/core/drills.py): each one's decision recorded, or why it is refused."""
+        now = self.clock()
+        ids: list[int] = []
+        for request in self.ledger.drills.due(now):
+            decision: Decision | None
+            try:
+                decision = drills.plan(request, self.engine.view, self.engine.policy, now)
+                reason = decision.reason
+            except drills.Refused as e:
+                decision, reason = None, str(e)
+            ids += self.ledger.plan_drill(request, decision, reason)
+            log.info("drill %s of job %s: %s", request.id, request.job, reason)
+        return ids
 
     def _expire_approvals(self) -> None:
         """Decisions nobody approved within the policy's approval_expires are not carried out."""

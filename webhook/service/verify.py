@@ -13,8 +13,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from webhook.adapters.prometheus import Prometheus, PrometheusError
+from webhook.core import drills
 from webhook.core.engine import Engine
-from webhook.core.incidents import attempt_of
+from webhook.core.incidents import IncidentKey, attempt_of
 from webhook.core.policy import Policy
 from webhook.core.recovery import RankProgress, Watch, failure_point, judge
 from webhook.ledger.store import Ledger
@@ -60,10 +61,16 @@ class Verifier:
                 continue
             attempt = attempt_of(row.incident)
             try:
-                # How far the failed attempt got: its ranks' last pushes before the requeue ran
-                # (a fault does not always stop training at once; the work done until then is
-                # what the successor must redo and pass).
-                ranks = self.prometheus.progress_of({row.job}, at=began).get(row.job, [])
+                # How far the failed attempt got: its ranks' last pushes before the requeue
+                # ended it (a fault does not always stop training at once; the work done until
+                # then is what the successor must redo and pass, and the checkpoint it must
+                # resume from). Read as the requeue ended, and as it began for ranks whose
+                # successor already replaced what they pushed.
+                ranks = _latest(
+                    self.prometheus.progress_of({row.job}, at=began).get(row.job, []),
+                    self.prometheus.progress_of({row.job}, at=requeued_at).get(row.job, []),
+                    attempt,
+                )
             except PrometheusError as e:
                 log.warning("no progress for job %s yet (%s); trying again", row.job, e)
                 continue
@@ -75,6 +82,7 @@ class Verifier:
                 fault_at=fault_at,
                 requeued_at=requeued_at,
                 point=failure_point(ranks, attempt),
+                drill=IncidentKey.parse(row.incident).kind == "drill",
             )
             self.ledger.watch(watch)
             log.info("watching %s: successor must pass step %g", row.incident, watch.point.target)
@@ -85,8 +93,22 @@ class Verifier:
         verdict = judge(watch, ranks, job, now, self.policy.verify)
         if verdict.state == "watching":
             return []
-        # The engine remembers the verdict and decides what a failed one leads to.
-        decisions = engine.judged(watch, verdict, job, now)
+        if watch.drill:
+            # Judged stricter, and kept from the guards: the interruption was an operator's.
+            verdict = drills.judge(verdict)
+            decisions = drills.decisions(watch, verdict, job, self.policy, now)
+        else:
+            # The engine remembers the verdict and decides what a failed one leads to.
+            decisions = engine.judged(watch, verdict, job, now)
         ids = self.ledger.conclude(watch.incident, verdict, now, decisions)
         log.info("recovery of %s %s: %s", watch.incident, verdict.state, verdict.reason)
         return ids
+
+
+def _latest(
+    began: list[RankProgress], ended: list[RankProgress], attempt: int
+) -> list[RankProgress]:
+    """Each rank of the failed attempt as last seen: at the requeue's end, else at its start."""
+    ranks = {r.rank: r for r in began if r.attempt == attempt}
+    ranks |= {r.rank: r for r in ended if r.attempt == attempt}
+    return [ranks[k] for k in sorted(ranks)]

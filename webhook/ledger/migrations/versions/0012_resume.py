@@ -1,5 +1,6 @@
 """How a requeued job resumed (issue 39): the checkpoint its successor loaded, the work lost,
-the time to its start, its quality value before and after; and whether the requeue was a drill.
+the time to its start, its quality value before and after; whether the requeue was a drill;
+and operators' requests for drills (`drills`).
 
 Revision ID: 0012
 Revises: 0011
@@ -32,9 +33,22 @@ def upgrade() -> None:
         "recoveries",
         sa.Column("drill", sa.Boolean, nullable=False, server_default=sa.false()),
     )
+    op.create_table(
+        "drills",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("job", sa.Integer, nullable=False, index=True),
+        sa.Column("exclude", sa.String(128), nullable=True),
+        sa.Column("by", sa.String(128), nullable=False),
+        sa.Column("asked_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("not_before", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("state", sa.String(16), nullable=False, index=True),
+        sa.Column("reason", sa.Text, nullable=False),
+        sa.Column("incident", sa.String(128), nullable=True),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("drills")
     with op.batch_alter_table("recoveries") as batch:
         for name in (*FLOATS, "drill"):
             batch.drop_column(name)

@@ -1,0 +1,137 @@
+"""Operators' requests for recovery drills (webhook/core/drills.py): the ledger's SQL for them.
+
+`slurmedic drill` and the console ask; the leader's loop takes the requests that are due,
+plans each and records its decision (or why not) in the same transaction, so a request is
+planned once whichever replica leads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from webhook.core.decisions import Decision
+from webhook.core.drills import Request
+from webhook.ledger.schema import DrillRow, RecoveryRow
+
+ASKED, DECIDED, REFUSED = "asked", "decided", "refused"
+
+
+@dataclass(frozen=True)
+class Drill:
+    """A drill as an operator follows it: the request, and the recovery it led to."""
+
+    id: int
+    job: int
+    by: str
+    asked_at: datetime
+    not_before: datetime
+    state: str  # asked, decided, refused
+    reason: str
+    incident: str | None
+    exclude: str | None
+    recovery: RecoveryRow | None  # once its requeue ran: how the job came back
+
+
+def _utc(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+class Drills:
+    def __init__(self, session: sessionmaker[Session]) -> None:
+        self.session = session
+
+    def ask(
+        self, job: int, by: str, at: datetime, not_before: datetime, exclude: str | None
+    ) -> int:
+        with self.session.begin() as s:
+            row = DrillRow(
+                job=job, by=by, asked_at=at, not_before=not_before, exclude=exclude, state=ASKED
+            )
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def due(self, now: datetime) -> list[Request]:
+        with self.session() as s:
+            rows = s.scalars(
+                select(DrillRow)
+                .where(DrillRow.state == ASKED, DrillRow.not_before <= now)
+                .order_by(DrillRow.id)
+            ).all()
+            return [Request(r.id, r.job, r.by, _utc(r.asked_at), r.exclude) for r in rows]
+
+    def settle(
+        self,
+        request: Request,
+        decided: Decision | None,
+        reason: str,
+        record: Callable[[Session, Sequence[Decision]], list[int]],
+    ) -> list[int]:
+        """The request planned: its decision recorded by `record` (the ledger's, in its term)
+        in the same transaction, or refused with `reason`. A request another replica settled
+        first is left as it is (nothing recorded)."""
+        with self.session.begin() as s:
+            row = s.get(DrillRow, request.id, with_for_update=True)
+            if row is None or row.state != ASKED:
+                return []
+            row.state = REFUSED if decided is None else DECIDED
+            row.reason = reason[:2000]
+            row.incident = None if decided is None else decided.incident
+            return [] if decided is None else record(s, [decided])
+
+    @staticmethod
+    def outcomes(s: Session) -> dict[str, int]:
+        """Drills by outcome, for /metrics: asked (not planned yet), refused, and those planned
+        by what became of their recovery: watching, passed, failed, unverified."""
+        requests = dict(
+            s.execute(
+                select(DrillRow.state, func.count())
+                .where(DrillRow.state != DECIDED)
+                .group_by(DrillRow.state)
+            ).all()
+        )
+        judged = dict(
+            s.execute(
+                select(RecoveryRow.state, func.count())
+                .where(RecoveryRow.drill.is_(True))
+                .group_by(RecoveryRow.state)
+            ).all()
+        )
+        return {
+            ASKED: requests.get(ASKED, 0),
+            REFUSED: requests.get(REFUSED, 0),
+            "watching": judged.get("watching", 0),
+            "passed": judged.get("recovered", 0),
+            "failed": judged.get("failed", 0),
+            "unverified": judged.get("unverified", 0),
+        }
+
+    def latest(self, limit: int = 100) -> list[Drill]:
+        """The latest drills, newest first, each with its recovery once there is one."""
+        with self.session() as s:
+            rows = s.scalars(select(DrillRow).order_by(DrillRow.id.desc()).limit(limit)).all()
+            incidents = [r.incident for r in rows if r.incident]
+            recoveries = {
+                r.incident: r
+                for r in s.scalars(select(RecoveryRow).where(RecoveryRow.incident.in_(incidents)))
+            }
+            return [
+                Drill(
+                    id=r.id,
+                    job=r.job,
+                    by=r.by,
+                    asked_at=_utc(r.asked_at),
+                    not_before=_utc(r.not_before),
+                    state=r.state,
+                    reason=r.reason,
+                    incident=r.incident,
+                    exclude=r.exclude,
+                    recovery=recoveries.get(r.incident) if r.incident else None,
+                )
+                for r in rows
+            ]
