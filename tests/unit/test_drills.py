@@ -184,3 +184,28 @@ def test_an_attempt_is_drilled_once(tmp_path: Path) -> None:
         "attempt drill:42.2 was drilled already",
         "ok",
     ]
+
+
+def test_a_job_counts_as_drilled_from_its_drill_s_decision_until_the_verdict(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    since = T0 - timedelta(days=1)
+    ledger.drills.ask(42, "ops", T0, T0, None)
+    (due,) = ledger.drills.due(T0)
+    [rid] = ledger.plan_drill(
+        due, drills.plan(due, view(), load_policy({"mode": "enforce"}), T0), "ok"
+    )
+    assert ledger.drills.in_flight(since) == {42}  # pending: about to interrupt it
+    ledger.add_event(rid, "running", {}, T0)
+    ledger.add_event(rid, "executed", {}, T0)
+    ledger.watch(replace(WATCH, incident="drill:42.2"))
+    assert ledger.drills.in_flight(since) == {42}  # requeued, its successor watched
+    ledger.conclude("drill:42.2", Verdict("recovered", "ok", 10.0), T0 + timedelta(minutes=1))
+    assert ledger.drills.in_flight(since) == set()
+    assert ledger.drills.in_flight(T0 + timedelta(seconds=1)) == set()
+    # A drill in monitor mode interrupts nothing.
+    ledger.drills.ask(43, "ops", T0, T0, None)
+    (monitor,) = ledger.drills.due(T0)
+    ledger.plan_drill(monitor, drills.plan(monitor, view(id=43), load_policy({}), T0), "ok")
+    assert ledger.drills.in_flight(since) == set()

@@ -16,9 +16,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from webhook.core.decisions import Decision
 from webhook.core.drills import Request
-from webhook.ledger.schema import DrillRow, RecoveryRow
+from webhook.core.lifecycle import APPROVED, AWAITING_APPROVAL, EXECUTED, PENDING, RUNNING
+from webhook.ledger.schema import DecisionRow, DrillRow, RecoveryRow
 
 ASKED, DECIDED, REFUSED = "asked", "decided", "refused"
+# A drill's requeue in these states interrupts its job, or is about to (monitor mode's record,
+# a rejection, an expiry or a failure interrupt nothing).
+INTERRUPTING = (PENDING, AWAITING_APPROVAL, APPROVED, RUNNING, EXECUTED)
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,26 @@ class Drills:
             row.reason = reason[:2000]
             row.incident = None if decided is None else decided.incident
             return [] if decided is None else record(s, [decided])
+
+    def in_flight(self, since: datetime) -> set[int]:
+        """The jobs a drill decided since `since` is interrupting: its requeue waits, runs or
+        ran, and its recovery is not judged yet. Their time is no goodput's concern: the
+        interruption is an operator's test, not a failure."""
+        with self.session() as s:
+            judged = select(RecoveryRow.incident).where(RecoveryRow.state != "watching")
+            jobs = s.scalars(
+                select(DecisionRow.job)
+                .join(DrillRow, DrillRow.incident == DecisionRow.incident)
+                .where(
+                    DrillRow.state == DECIDED,
+                    DrillRow.asked_at >= since,
+                    DecisionRow.action == "requeue",
+                    DecisionRow.state.in_(INTERRUPTING),
+                    DecisionRow.incident.not_in(judged),
+                    DecisionRow.job.is_not(None),
+                )
+            ).all()
+            return {j for j in jobs if j is not None}
 
     @staticmethod
     def outcomes(s: Session) -> dict[str, int]:

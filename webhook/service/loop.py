@@ -349,7 +349,7 @@ class LiveLoop:
         if self.notifier is None:
             return
         try:
-            self.notifier.step()
+            self.notifier.step(self.engine.view.jobs)  # whose owners the notices name
         except Exception:
             log.exception("posting notices failed; trying again next round")
 
@@ -372,11 +372,18 @@ class LiveLoop:
         if not self._beat():
             return
         now = self.clock()
+        # A job a drill interrupts is not eligible meanwhile: drills stay out of goodput.
+        verify = self.policy.verify
+        drilled = self.ledger.drills.in_flight(now - verify.deadline - verify.pending_limit)
         # Jobs that count for goodput: eligible now, or restarted (their wait is a failure's).
         # Jobs still queued for their first start are left out (they would be most series).
         jobs = Jobs(
             {
-                str(j.id): JobSeen(partition=j.partition, restarts=j.restarts, eligible=eligible(j))
+                str(j.id): JobSeen(
+                    partition=j.partition,
+                    restarts=j.restarts,
+                    eligible=eligible(j) and j.id not in drilled,
+                )
                 for j in self.engine.view.jobs.values()
                 if eligible(j) or j.restarts > 0
             }
