@@ -89,10 +89,38 @@ def test_policy_defaults_are_designs() -> None:
     assert load_policy({"actions": {"drain": "enforce"}}).mode_of("drain") == "enforce"
 
 
+def test_an_action_s_mode_may_depend_on_its_cause_and_partition() -> None:
+    p = load_policy(
+        {
+            "mode": "approve",
+            "actions": {"requeue": "approve"},
+            "causes": {"gpu_hardware": {"requeue": "enforce"}},
+            "partitions": {
+                "canary": {"mode": "enforce"},
+                "big": {
+                    "actions": {"requeue": "approve"},
+                    "causes": {"degraded": {"requeue": "monitor"}},
+                },
+            },
+        }
+    )
+    # The policy's cause first, then its action, then its mode.
+    assert p.mode_of("requeue", None, "gpu_hardware") == "enforce"
+    assert p.mode_of("requeue", None, "degraded") == "approve"
+    assert p.mode_of("requeue") == "approve"
+    # A partition's own keys before the policy's: its cause, its action, its mode.
+    assert p.mode_of("requeue", "big", "degraded") == "monitor"
+    assert p.mode_of("requeue", "big", "gpu_hardware") == "approve"
+    assert p.mode_of("requeue", "canary", "degraded") == "enforce"
+    assert p.mode_of("drain", "other", "gpu_hardware") == "approve"
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         ({"mode": "yolo"}, "mode: Input should be"),
+        ({"causes": {"cosmic_rays": {"requeue": "enforce"}}}, "causes.cosmic_rays"),
+        ({"causes": {"degraded": {"reboot": "enforce"}}}, "causes.degraded.reboot"),
         ({"breaker": {"max_fractoin": 1}}, "breaker.max_fractoin: unknown key"),
         ({"retry_budget": {"window": "soon"}}, "retry_budget.window: 'soon' is not a duration"),
         ({"actions": {"reboot": "enforce"}}, "actions.reboot"),

@@ -133,7 +133,15 @@ def _policy(site: Site) -> Iterator[Finding]:
     except (FileError, PolicyError) as e:
         yield Finding("policy", "fail", f"{path}: {e}", "mend the key it names")
         return
-    modes = {site.policy.mode, *site.policy.actions.values()}
+    policy = site.policy
+    modes = {
+        policy.mode,
+        *policy.actions.values(),
+        *(m for by in policy.causes.values() for m in by.values()),
+        *(p.mode for p in policy.partitions.values() if p.mode),
+        *(m for p in policy.partitions.values() for m in p.actions.values()),
+        *(m for p in policy.partitions.values() for by in p.causes.values() for m in by.values()),
+    }
     yield Finding("policy", "ok", f"{path}: valid; modes {', '.join(sorted(modes))}")
 
 

@@ -544,9 +544,10 @@ def plan(
 def with_mode(
     d: Decision, policy: Policy, partition: str | None = None, *, forced: bool = False
 ) -> Decision:
-    """The decision in the mode the policy gives its action (on its partition), and the state
-    that mode starts in. `forced`: the global switch holds everything in monitor mode."""
-    mode = "monitor" if forced else policy.mode_of(d.action, partition)
+    """The decision in the mode the policy gives its action (for its cause, on its partition),
+    and the state that mode starts in. `forced`: the global switch holds everything in monitor
+    mode."""
+    mode = "monitor" if forced else policy.mode_of(d.action, partition, d.cause)
     return replace(d, mode=mode, state=initial_state(d.action, mode), partition=partition)
 
 

@@ -724,7 +724,7 @@ def mode(d: Decision, ctx: Context) -> Outcome:
     holds everything in monitor mode, the decision is a record (guard `global_switch`)."""
     decided = with_mode(d, ctx.policy, partition_of(ctx), forced=ctx.guards.monitor_forced)
     if ctx.guards.monitor_forced and d.action != "none":
-        would = ctx.policy.mode_of(d.action, decided.partition)
+        would = ctx.policy.mode_of(d.action, decided.partition, d.cause)
         if would != "monitor":
             why = f"the global switch holds every action in monitor mode (policy: {would})"
             decided = replace(decided, guard=d.guard or GLOBAL_SWITCH, reason=f"{d.reason}; {why}")

@@ -37,6 +37,7 @@ Cause = Literal[
     "hang",
     "straggler",
     "unknown",
+    "drill",
 ]
 # Rule 5's cause: never drained, and a job is never stopped for it.
 SHARED: Cause = "shared_infrastructure"
@@ -194,6 +195,8 @@ class PartitionModes(_Strict):
 
     mode: Mode | None = None
     actions: dict[Action, Mode] = {}
+    # An action's mode for one cause on this partition: the most specific of all.
+    causes: dict[Cause, dict[Action, Mode]] = {}
     # The keys given override the policy's retry_budget for this partition's jobs.
     retry_budget: RetryBudget | None = None
 
@@ -211,6 +214,9 @@ class PartitionModes(_Strict):
 class Policy(_Strict):
     mode: Mode = "monitor"
     actions: dict[Action, Mode] = {}
+    # An action's mode for one cause (requeue enforced for gpu_hardware while degraded GPUs'
+    # requeues stay in approve): before `actions`, after a partition's own keys.
+    causes: dict[Cause, dict[Action, Mode]] = {}
     # Per partition, by name: its jobs' decisions (and drains of idle nodes that serve it
     # alone) take these modes first.
     partitions: dict[str, PartitionModes] = {}
@@ -312,16 +318,27 @@ class Policy(_Strict):
                 )
         return self
 
-    def mode_of(self, action: str, partition: str | None = None) -> Mode:
-        """The most specific mode: the partition's for the action, the partition's, the
-        policy's for the action, the policy's."""
+    def mode_of(self, action: str, partition: str | None = None, cause: str | None = None) -> Mode:
+        """The most specific mode: the partition's for the action and cause, for the action,
+        the partition's; then the policy's for the action and cause, for the action, the
+        policy's."""
         own = self.partitions.get(partition) if partition else None
         if own is not None:
+            if (found := _for(own.causes, cause, action)) is not None:
+                return found
             if action in own.actions:
                 return own.actions[action]
             if own.mode is not None:
                 return own.mode
+        if (found := _for(self.causes, cause, action)) is not None:
+            return found
         return self.actions.get(action, self.mode)  # type: ignore[call-overload, no-any-return]
+
+
+def _for(causes: dict[Cause, dict[Action, Mode]], cause: str | None, action: str) -> Mode | None:
+    """An action's mode for a cause, when `causes` names one."""
+    by_action: dict[str, Mode] = dict(causes.get(cause, {})) if cause else {}  # type: ignore[call-overload]
+    return by_action.get(action)
 
 
 def _seconds(d: timedelta) -> str:

@@ -100,6 +100,8 @@ class Modes(_Value):
     mode: str = "monitor"
     actions: dict[str, str] = {}
     partitions: dict[str, dict[str, str]] = {}  # partition: {"*": its mode, action: mode}
+    causes: dict[str, dict[str, str]] = {}  # cause: {action: mode}
+    partition_causes: dict[str, dict[str, dict[str, str]]] = {}  # partition: its causes
     repeats_window_seconds: float = 7 * 86400
     repeats_count: int = 2
     repeats_apart_seconds: float = 3600

@@ -29,7 +29,7 @@ from webhook.core.lifecycle import (
     WAITING,
     IllegalTransition,
 )
-from webhook.core.policy import Policy
+from webhook.core.policy import Action, Cause, Mode, Policy
 from webhook.executor.dispatch import Dispatcher
 from webhook.ledger.settings import (
     Breaker,
@@ -84,10 +84,18 @@ def modes_of(policy: Policy) -> Modes:
             }
             for name, p in sorted(policy.partitions.items())
         },
+        causes=_causes(policy.causes),
+        partition_causes={
+            name: _causes(p.causes) for name, p in sorted(policy.partitions.items()) if p.causes
+        },
         repeats_window_seconds=policy.repeats.window.total_seconds(),
         repeats_count=policy.repeats.count,
         repeats_apart_seconds=policy.repeats.apart.total_seconds(),
     )
+
+
+def _causes(causes: dict[Cause, dict[Action, Mode]]) -> dict[str, dict[str, str]]:
+    return {str(c): {str(a): str(m) for a, m in by.items()} for c, by in causes.items()}
 
 
 class LiveLoop:
