@@ -98,7 +98,7 @@ def test_a_double_requeue_is_recorded_counted_and_escalated(
     assert "requeued more than once" in row.mismatch
     # Escalated: a notice until someone records a verdict, and counted.
     since = T0 - timedelta(days=1)
-    (notice,) = [n for n in notices(review.needs_human(ledger, since)) if n.decision_id == rid]
+    (notice,) = [n for n in notices(review.needs_human(ledger, since), T0) if n.decision_id == rid]
     assert notice.kind == "mismatch"
     assert [(m.action, m.n) for m in ledger.figures().mismatches] == [("requeue", 1)]
 

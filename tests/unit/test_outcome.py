@@ -59,10 +59,12 @@ def test_a_node_drained_before_the_run_is_left_alone_and_not_checked() -> None:
 def test_a_mismatch_is_a_notice_until_a_verdict() -> None:
     at = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)
     row = Open(4, "7.0", 7, "requeue", "gpu_hardware", None, "executed", "GPU fell off", at, "x2")
-    (notice,) = notices([row])
+    (notice,) = notices([row], at)
     assert notice.kind == "mismatch" and notice.reason == "x2"
     alert = as_alert(notice, at, at - at, "")
     assert alert["labels"]["alertname"] == "SlurmedicActionMismatch"
     assert alert["labels"]["severity"] == "critical"
     # Without a mismatch, an executed requeue needs nobody.
-    assert notices([Open(4, "7.0", 7, "requeue", "gpu_hardware", None, "executed", "", at)]) == []
+    assert (
+        notices([Open(4, "7.0", 7, "requeue", "gpu_hardware", None, "executed", "", at)], at) == []
+    )

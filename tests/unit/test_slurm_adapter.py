@@ -120,6 +120,22 @@ def test_a_job_s_exclusions_are_read_expanded(release: str) -> None:
         read_jobs({**data, "jobs": [record]}, Release.parse(release), ("squeue",))
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_job_s_owner_is_read_on_every_release(release: str) -> None:
+    """User, account and partition, as each release prints them: the notices' owner labels.
+    The lab's Slurm names no account (empty), a site's with accounting does."""
+    data = json.loads(
+        (DATA / release / ("squeue.json" if release < "23" else "jobs.json")).read_text()
+    )
+    record = data["jobs"][0]
+    assert {"user_name", "account", "partition"} <= record.keys()
+    (job,) = read_jobs({**data, "jobs": [record]}, Release.parse(release), ("squeue",))
+    assert (job.user, job.account, job.partition) == ("root", "", "train")
+    record = {**record, "user_name": "alice", "account": "vision"}
+    (job,) = read_jobs({**data, "jobs": [record]}, Release.parse(release), ("squeue",))
+    assert (job.user, job.account) == ("alice", "vision")
+
+
 @pytest.mark.parametrize(
     ("raw", "flags", "base", "rest"),
     [

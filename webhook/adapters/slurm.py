@@ -370,6 +370,7 @@ def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -
                     id=job_id,
                     name=_text(j.get("name")),
                     user=_text(j.get("user_name")),
+                    account=_text(j.get("account")),
                     partition=_text(j.get("partition")),
                     state=state,
                     nodes=expand(_text(j.get("nodes"))),

@@ -95,6 +95,9 @@ class Job:
     partition: str = ""
     name: str = ""
     user: str = ""
+    # Its Slurm account (empty: Slurm names none, as without accounting): with the user, whom
+    # slurmedic's notices name as the job's owner (webhook/core/notices.py).
+    account: str = ""
     state: str = "RUNNING"
     requeue: bool = True
     restarts: int = 0

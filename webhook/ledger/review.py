@@ -19,8 +19,14 @@ from webhook.core.decisions import JOB_ACTIONS
 from webhook.core.effects import effect, first_before
 from webhook.core.failures import NodeRecord, lemons
 from webhook.core.incidents import BadIncidentKey, attempt_of
-from webhook.core.lifecycle import AWAITING_APPROVAL, SUPERSEDED, IllegalTransition
-from webhook.core.notices import Open
+from webhook.core.lifecycle import (
+    AWAITING_APPROVAL,
+    EXECUTED,
+    NOTE,
+    SUPERSEDED,
+    IllegalTransition,
+)
+from webhook.core.notices import Open, Owner
 from webhook.core.trial import Judged
 from webhook.core.verdicts import OperatorVerdict
 from webhook.ledger.schema import (
@@ -207,8 +213,11 @@ def alerts_by_fingerprint(ledger: Ledger, fingerprints: Sequence[str]) -> dict[s
 
 def needs_human(ledger: Ledger, since: datetime) -> list[Open]:
     """Decisions that wait for a human: approvals, and escalations and mismatches (Slurm showed
-    otherwise after a run) since `since` that nobody has recorded a verdict on yet."""
+    otherwise after a run) since `since` that nobody has recorded a verdict on yet; and stops
+    carried out since then without a verdict (their owner is told: a stop's `at` is when it
+    ran). Each with the owner its latest `owner` note recorded (the notifier's)."""
     judged = select(VerdictRow.decision_id)
+    stopped = (DecisionRow.action == "stop") & (DecisionRow.state == EXECUTED)
     with ledger.session() as s:
         rows = s.scalars(
             select(DecisionRow)
@@ -218,6 +227,7 @@ def needs_human(ledger: Ledger, since: datetime) -> list[Open]:
                     (
                         (DecisionRow.action == "escalate") & (DecisionRow.state != SUPERSEDED)
                         | DecisionRow.mismatch.is_not(None)
+                        | stopped
                     )
                     & (DecisionRow.at >= since)
                     & DecisionRow.id.not_in(judged),
@@ -225,13 +235,35 @@ def needs_human(ledger: Ledger, since: datetime) -> list[Open]:
             )
             .order_by(DecisionRow.id)
         ).all()
+        ids = [r.id for r in rows]
+        owners: dict[int, Owner] = {}
+        ran: dict[int, datetime] = {}
+        for decision_id, state, at, detail in s.execute(
+            select(DecisionEvent.decision_id, DecisionEvent.state, DecisionEvent.at,
+                   DecisionEvent.detail)
+            .where(DecisionEvent.decision_id.in_(ids), DecisionEvent.state.in_((NOTE, EXECUTED)))
+            .order_by(DecisionEvent.id)
+        ):  # fmt: skip
+            if state == EXECUTED:
+                ran[decision_id] = _utc(at)
+            elif isinstance(detail, dict) and (o := Owner.from_json(detail.get("owner"))):
+                owners[decision_id] = o
         return [
             Open(
                 r.id, r.incident, r.job, r.action, r.cause, r.guard, r.state, r.reason,
-                _utc(r.at), r.mismatch,
+                ran.get(r.id, _utc(r.at)) if r.action == "stop" else _utc(r.at), r.mismatch,
+                partition=r.partition, owner=owners.get(r.id),
             )
             for r in rows
         ]  # fmt: skip
+
+
+def record_owner(ledger: Ledger, decision_id: int, owner: Owner, at: datetime) -> None:
+    """What Slurm showed of the job's owner, kept on the decision as a note (needs_human reads
+    it back), so that its notices name the owner after Slurm has forgotten the job."""
+    names = ", ".join(f"{k} {v}" for k, v in owner.as_json().items()) or "none known"
+    detail = {"by": "notifier", "owner": owner.as_json(), "note": f"the job's owner: {names}"}
+    ledger.add_note(decision_id, detail, at)
 
 
 def trial_rows(ledger: Ledger, since: datetime, until: datetime) -> list[Judged]:

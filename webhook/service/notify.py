@@ -4,18 +4,24 @@ Every `interval` the open notices are posted again, each firing until a little p
 post (so a notifier that stops lets them resolve by themselves, and a restarted one needs no
 memory); a notice that is no longer open is posted once more, resolved. A failed post is
 logged and made again on the next round: a notice is late, never lost while it is open.
+
+The loop hands each round its cluster view's jobs: the owner of a notice's job is read there
+and recorded on the decision the first time (review.record_owner), so the notice keeps the same
+labels after Slurm forgets the job and after a restart. A notice whose labels change anyway (its
+job's owner learnt after a first post without it) is resolved under its old labels.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from webhook.adapters.alertmanager import AlertmanagerError, post_alerts
-from webhook.core.notices import Notice, as_alert, notices
+from webhook.core.cluster import Job
+from webhook.core.notices import Notice, as_alert, labels, learnt, notices
 from webhook.ledger import review
 from webhook.ledger.store import Ledger
 
@@ -41,15 +47,24 @@ class Notifier:
         self.posted: dict[tuple[str, int], Notice] = {}
         self.last = float("-inf")
 
-    def step(self) -> None:
+    def step(self, jobs: Mapping[int, Job] | None = None) -> None:
+        """Post the open notices (and the resolved ones) if `interval` has passed; `jobs`: the
+        cluster view's, whose owners the notices name."""
         if time.monotonic() - self.last < self.interval:
             return
         self.last = time.monotonic()
-        now = self.clock()
-        current = {n.key: n for n in notices(review.needs_human(self.ledger, now - self.lookback))}
-        gone = [n for k, n in self.posted.items() if k not in current]
-        alerts = [as_alert(n, now, self.ends, self.console_url) for n in current.values()]
-        alerts += [as_alert(n, now, timedelta(0), self.console_url) for n in gone]
+        now, jobs = self.clock(), jobs or {}
+        rows = review.needs_human(self.ledger, now - self.lookback)
+        for decision_id, owner in learnt(rows, jobs).items():
+            for problem in owner.problems():
+                log.warning("decision %d: %s", decision_id, problem)
+            review.record_owner(self.ledger, decision_id, owner, now)
+        current = {n.key: n for n in notices(rows, now, jobs)}
+        gone = [
+            n for k, n in self.posted.items() if k not in current or labels(current[k]) != labels(n)
+        ]
+        alerts = [as_alert(n, now, timedelta(0), self.console_url) for n in gone]
+        alerts += [as_alert(n, now, self.ends, self.console_url) for n in current.values()]
         try:
             self.post(self.url, alerts)
         except AlertmanagerError as e:
