@@ -281,6 +281,11 @@ _job_fault("crash_ecc", "crash-ecc", "A rank dies with a CUDA uncorrectable-ECC 
 _job_fault("crash_nccl", "crash-nccl", "A rank dies with the NCCL watchdog timeout lines.")
 _job_fault("slow", "slow", "A rank computes --factor times slower (a straggler).")
 _job_fault(
+    "skip_checkpoints",
+    "skip-checkpoints",
+    "A rank trains on but writes no more checkpoints (its checkpoint goes stale).",
+)
+_job_fault(
     "timeout_now",
     "timeout-now",
     "A rank waiting in a collective times out now (its NCCL watchdog fires).",

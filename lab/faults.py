@@ -20,7 +20,9 @@ GpuFaultKind = Literal[
     "xid", "ecc_dbe", "row_remap_failure", "nvlink", "thermal", "pcie", "gpu_lost"
 ]
 SLOW_FACTOR = 3.0  # how many times slower a `slow` rank computes, unless told otherwise
-JobFaultKind = Literal["hang", "crash_cuda", "crash_ecc", "crash_nccl", "slow", "timeout_now"]
+JobFaultKind = Literal[
+    "hang", "crash_cuda", "crash_ecc", "crash_nccl", "slow", "timeout_now", "skip_checkpoints"
+]
 
 XID_MIN, XID_MAX = 1, 200
 

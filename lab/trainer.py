@@ -192,7 +192,8 @@ class Rank:
             trained += 1
             self.all_reduce(step)
             self.reporter.step(step, compute, quality=self.loss(trained))
-            if step % self.args.ckpt_every == 0:
+            skipping = fault is not None and fault.kind == "skip_checkpoints"
+            if step % self.args.ckpt_every == 0 and not skipping:
                 self.save_checkpoint(step)
         self.log(f" training finished at step {step}")
         return 0
