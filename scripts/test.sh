@@ -27,6 +27,13 @@ for stack in "${STACKS[@]}"; do
   "${run[@]}" promtool test rules alert_rules/tests/*.test.yml
   echo "-- $stack: $("${run[@]}" amtool --version 2>&1 | head -1)"
   "${run[@]}" amtool check-config alert_rules/alertmanager.yml
+  # slurmedic's notices on each release's routing: a job's own failure to its owner, a hardware
+  # one to the operators (tests/unit/test_signals.py holds every kind, with real notice labels).
+  for want in "job-owners cause=application" "oncall cause=gpu_hardware"; do
+    "${run[@]}" amtool config routes test --config.file=alert_rules/alertmanager.yml \
+      --verify.receivers="${want%% *}" notice=slurmedic alertname=SlurmedicEscalation \
+      slurm_user=alice "${want#* }" > /dev/null
+  done
   # What a site deploys: the shipped files exported with a config of its own (runbooks
   # elsewhere), whose tests pass on its rendering; the example scrape config.
   site=$(mktemp -d)

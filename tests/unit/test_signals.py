@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import shutil
 import subprocess
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,12 @@ import yaml
 
 from webhook.core import signals
 from webhook.core.alerts import Alert
-from webhook.core.cluster import ClusterView, Node
+from webhook.core.cluster import ClusterView, Job, Node
 from webhook.core.decisions import DRAIN_CAUSES
+from webhook.core.drills import CAUSE as DRILL
+from webhook.core.drills import FAILED_GUARD as DRILL_FAILED
 from webhook.core.evidence import from_alert
+from webhook.core.notices import Open, as_alert, notices
 from webhook.core.signals import SIGNALS, VOCABULARY, Kind
 from webhook.rules.render import RULES_DIR, RuleSource
 
@@ -102,6 +105,55 @@ def test_alertmanager_keeps_alerts_without_a_signal_from_slurmedic() -> None:
     # A warning to people about a job: one notification per job, never to slurmedic.
     stale = ("alertname=TrainingCheckpointStale", "severity=warning", "slurm_job_id=1100")
     assert _receivers(*stale) == ["oncall"]
+
+
+def _notice(action: str, cause: str, *, state: str = "executed", **kw: Any) -> list[str]:
+    """The labels of the notice slurmedic posts for such a decision of job 7, owned by alice
+    (account vision, partition train) unless `job` says otherwise, as amtool takes them."""
+    at = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)
+    job = kw.pop(
+        "job", Job(id=7, nodes=("gpu01",), partition="train", user="alice", account="vision")
+    )
+    row = Open(4, "7.0", 7, action, cause, kw.pop("guard", None), state, "why", at, **kw)
+    (n,) = notices([row], at, {7: job} if job else {})
+    return [f"{k}={v}" for k, v in as_alert(n, at, timedelta(minutes=1), "")["labels"].items()]
+
+
+@pytest.mark.parametrize(
+    ("what", "labels", "receiver"),
+    [
+        ("an application escalation", _notice("escalate", "application"), "job-owners"),
+        ("a failed drill", _notice("escalate", DRILL, guard=DRILL_FAILED), "job-owners"),
+        (
+            "a failed recovery of an application crash",
+            _notice("escalate", "application", guard="recovery_failed"),
+            "job-owners",
+        ),
+        ("a stop", _notice("stop", "application"), "job-owners"),
+        ("a hardware escalation", _notice("escalate", "gpu_hardware"), "oncall"),
+        (
+            "a failed recovery of a hardware fault",
+            _notice("escalate", "node_failure", guard="recovery_failed"),
+            "oncall",
+        ),
+        ("a shared cause", _notice("escalate", "shared_infrastructure"), "oncall"),
+        ("a hang", _notice("escalate", "hang"), "oncall"),
+        ("an approval", _notice("stop", "application", state="awaiting_approval"), "oncall"),
+        ("a mismatch", _notice("requeue", "application", mismatch="x2"), "oncall"),
+        # Nobody known to tell: the operators.
+        (
+            "an unowned application escalation",
+            _notice("escalate", "application", job=None),
+            "oncall",
+        ),
+        ("an unowned stop", _notice("stop", "application", job=None), "oncall"),
+    ],
+)
+def test_alertmanager_sends_a_job_s_own_failures_to_its_owner_and_the_rest_to_operators(
+    what: str, labels: list[str], receiver: str
+) -> None:
+    assert ("slurm_user=alice" in labels) != ("unowned" in what)
+    assert _receivers(*labels) == [receiver], what
 
 
 def test_an_alert_for_people_that_reaches_slurmedic_anyway_is_recorded_not_acted_on() -> None:
