@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -340,6 +341,27 @@ def test_a_drill_fails_when_the_job_resumes_from_a_corrupt_checkpoint(
         r for r in enforce.incident_decisions(f"verify:{job}.0") if r.action == "escalate"
     ]
     assert escalation.guard == "drill_failed" and escalation.cause == "drill"
+
+
+def test_a_job_that_stops_checkpointing_is_warned_about_and_one_on_schedule_is_not(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    stale, steady = submit(nodes=1), submit(nodes=1)
+    for job in (stale, steady):
+        mapped(lab_cfg, job)
+        learnt = f'slurmedic:job_checkpoint_interval_seconds{{slurm_job_id="{job}"}}'
+        eventually(partial(query, lab_cfg, learnt), what=f"job {job}'s checkpoint interval")
+    manage.inject_job(lab_cfg, "skip_checkpoints", stale, 0)
+    firing = 'ALERTS{{alertname="TrainingCheckpointStale",alertstate="firing",slurm_job_id="{}"}}'
+    (alert,) = eventually(
+        lambda: query(lab_cfg, firing.format(stale)),
+        timeout=120,
+        what="TrainingCheckpointStale firing for the job that stopped checkpointing",
+    )
+    assert alert["labels"]["severity"] == "warning" and "signal" not in alert["labels"]
+    # The job on its schedule never fired, over the whole test; slurmedic acted on neither.
+    assert not query(lab_cfg, f"last_over_time({firing.format(steady)}[10m])")
+    assert not [d for d in enforce.decisions(200) if d.job in (stale, steady)]
 
 
 def test_every_dashboard_query_answers_after_a_recovery(
