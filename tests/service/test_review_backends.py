@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from webhook.core.decisions import Decision
+from webhook.core.notices import Owner
 from webhook.core.verdicts import verdict
 from webhook.ledger import review
 from webhook.ledger.store import Ledger
@@ -51,6 +52,10 @@ def test_the_console_s_queries(ledger: Ledger) -> None:
     assert review.incident_page(ledger, debug, 0, 10).keys == ["2.0"]
 
     assert [o.decision_id for o in review.needs_human(ledger, T)] == ids[:4]
+    # The owner a notice names, kept on the decision as a note and read back on this backend.
+    review.record_owner(ledger, ids[1], Owner(user="alice", partition="train"), T)
+    owners = {o.decision_id: o.owner for o in review.needs_human(ledger, T)}
+    assert owners[ids[1]] == Owner(user="alice", partition="train") and owners[ids[0]] is None
     review.add_verdict(ledger, ids[3], verdict(verdict="agree", by="anna"), T)
     review.add_verdict(ledger, ids[0], verdict(verdict="agree", by="anna"), T)
     review.add_verdict(ledger, ids[0], verdict(verdict="disagree", would="none", by="anna"), T)
