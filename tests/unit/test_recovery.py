@@ -21,6 +21,7 @@ from webhook.core.recovery import (
     Watch,
     failure_point,
     judge,
+    plan,
 )
 from webhook.ledger.store import Ledger
 
@@ -170,6 +171,10 @@ def test_a_successor_whose_quality_jumped_back_is_not_recovered_and_goes_to_its_
     # where training began.
     v = judge(ASSESSED, resumed(100, 9.0), job(), at(95), VERIFY)
     assert (v.state, v.unusable, v.charged) == ("failed", True, False)
+    # Escalated to its owner: its cause is the job's own, whatever requeued it.
+    (escalation,) = plan(ASSESSED, v, job(), at(95))
+    assert (escalation.action, escalation.cause) == ("escalate", "application")
+    assert plan(ASSESSED, replace(v, unusable=False), job(), at(95))[0].cause == "gpu_hardware"
     assert "its output is not usable" in v.reason and "quality 2 before, 9 after" in v.reason
     # Within the policy's tolerance (25 % worse) it is usable; better by any amount (it trained
     # on before it was judged) too; without a quality value it is not judged on it.

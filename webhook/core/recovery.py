@@ -357,7 +357,9 @@ def plan(
         incident=str(IncidentKey.verifying(watch.job, watch.attempt)),
         job=watch.job,
         action="escalate",
-        cause=watch.cause,
+        # A successor that trains on a state that was not sound is its job's to mend, whatever
+        # the fault that requeued it: its owner is told (the notices' routes go by cause).
+        cause="application" if verdict.unusable else watch.cause,
         reason=f"the requeued job did not recover: {verdict.reason}",
         evidence=evidence,
         guard="recovery_failed",
