@@ -40,6 +40,8 @@ def create_app(config: ServiceConfig, ledger: Ledger | None = None) -> Flask:
         "tick_stale": loop_stale + Heartbeat.EVERY,
         # A view of the cluster older than this is stale (a few refreshes missed).
         "view_stale": max(30.0, 6 * config.cluster.refresh_seconds),
+        # The console times a drill before a job's next checkpoint from its reported ones.
+        "prometheus_url": config.verification.prometheus_url,
     }
 
     @app.before_request

@@ -20,6 +20,7 @@ from webhook.adapters.prometheus import Prometheus, PrometheusError
 from webhook.cli.common import config_of, config_option, ledger_of
 from webhook.core import drills, durations
 from webhook.core.patterns import NODE_NAME
+from webhook.core.trial import drill_outcome
 from webhook.ledger.drills import Drill
 
 # How far back the job's checkpoints are read to learn its interval.
@@ -145,7 +146,7 @@ def _as_json(d: Drill) -> dict[str, Any]:
         "exclude": d.exclude,
         "state": d.state,
         "incident": d.incident,
-        "outcome": (d.state if r is None else "passed" if r.state == "recovered" else r.state),
+        "outcome": drill_outcome(d.state, None if r is None else r.state),
         "reason": d.reason if r is None else r.reason,
         "resumed_from_step": None if r is None else r.resume_step,
         "last_checkpoint_step": None if r is None else r.checkpoint_step,

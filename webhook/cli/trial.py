@@ -10,6 +10,7 @@ import click
 from webhook.cli.common import config_option, ledger_of, render_report
 from webhook.core import durations, trial
 from webhook.ledger.review import trial_rows
+from webhook.ledger.trial_drills import trial_drills
 
 
 def when(value: str, name: str, now: datetime) -> datetime:
@@ -64,16 +65,22 @@ def report(
 ) -> None:
     """The trial report: recommendations, verdicts, agreement, disagreements with the
     operator's alternative, what would have been disrupted, fault to recommendation time,
-    recovery outcomes, and a readiness line per action and partition."""
+    recovery outcomes, and a readiness line per action and partition; then the recovery
+    drills asked for in the window (apart: never counted above), each with the work it lost,
+    its time to resume and whether it passed. In csv, the drills are a second table after an
+    empty line."""
     now = datetime.now(UTC)
     start = when(since, "--since", now)
     end = when(until_, "--until", now) if until_ else now
     if end <= start:
         raise click.BadParameter(f"{until_!r} is not after --since", param_hint="--until")
-    rows = trial_rows(ledger_of(config_path), start, end)
-    text = render(trial.report(rows, start, end, min_agreed), fmt)
+    ledger = ledger_of(config_path)
+    rows = trial_rows(ledger, start, end)
+    drilled = trial_drills(ledger, start, end)
+    made = trial.report(rows, start, end, min_agreed, drilled)
+    text = render(made, fmt)
     if out is None:
         click.echo(text, nl=False)
         return
     out.write_text(text)
-    click.echo(f"{out}: {len(rows)} recommendation(s)")
+    click.echo(f"{out}: {made.recommendations} recommendation(s), {len(made.drills)} drill(s)")

@@ -12,6 +12,10 @@ attempt that had already ended, or a requeue that only added an exclusion to a j
 requeued itself, disrupted nothing. One where the operator would have done more (slurmedic
 escalated or did nothing, they would have drained; it stopped a dead attempt, they would have
 requeued it) is a *miss*, not harm.
+
+Recovery drills (webhook/core/drills.py) are an operator's test, not a recommendation: their
+decisions never count in agreement or readiness, and the report lists them apart, each with the
+work it lost and whether it passed.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from datetime import datetime
 from typing import Any
 
 from webhook.core.decisions import JOB_ACTIONS
+from webhook.core.drills import CAUSE as DRILL_CAUSE
 from webhook.core.effects import HARMLESS
+from webhook.core.incidents import DRILL
 
 # What an action, or an operator's alternative (webhook/core/verdicts.py), does to the job (0:
 # leaves it running, 1: ends and restarts it, 2: ends it) and to the nodes' service (0: leaves
@@ -86,6 +92,49 @@ class Judged:
     @property
     def disrupted_gpu_hours(self) -> float:
         return 0.0 if self.effect in HARMLESS else self.gpu_hours or 0.0
+
+
+def is_drill(j: Judged) -> bool:
+    """A drill's decision: its requeue (incident `drill:<job>.<n>`) and, when it fails, its
+    escalation (`verify:<job>.<n>`, guard drill_failed): both carry the drill's cause."""
+    return j.cause == DRILL_CAUSE or j.incident.startswith(DRILL)
+
+
+PASSED = "passed"
+
+
+def drill_outcome(request_state: str, recovery_state: str | None) -> str:
+    """What became of a drill: `passed` when its recovery recovered, else its recovery's state
+    (watching, failed, unverified), else its request's (asked, decided, refused)."""
+    if recovery_state is None:
+        return request_state
+    return PASSED if recovery_state == "recovered" else recovery_state
+
+
+@dataclass(frozen=True)
+class Drilled:
+    """One recovery drill, as the report lists it."""
+
+    id: int
+    job: int
+    at: datetime  # when it was asked for
+    by: str
+    outcome: str  # drill_outcome()
+    reason: str  # the verifier's, else why it was refused
+    lost_steps: float | None = None
+    lost_seconds: float | None = None
+    start_seconds: float | None = None  # from its requeue to its successor's start
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == PASSED
+
+    @property
+    def why_not(self) -> str:
+        """`passed`, or the outcome with its reason."""
+        if self.passed:
+            return PASSED
+        return f"{self.outcome}: {self.reason}" if self.reason else self.outcome
 
 
 @dataclass
@@ -151,6 +200,7 @@ class Report:
     readiness: list[Readiness]
     recommendations: int
     judged: int
+    drills: tuple[Drilled, ...] = ()
 
 
 def harmful(j: Judged) -> bool:
@@ -174,10 +224,15 @@ def disrupts(action: str) -> bool:
 
 
 def report(
-    rows: list[Judged], since: datetime, until: datetime, min_agreed: int = MIN_AGREED
+    rows: list[Judged],
+    since: datetime,
+    until: datetime,
+    min_agreed: int = MIN_AGREED,
+    drills: list[Drilled] | tuple[Drilled, ...] = (),
 ) -> Report:
     groups: dict[tuple[str, str], Group] = {}
     per_action: dict[tuple[str, str], list[Judged]] = defaultdict(list)
+    rows = [j for j in rows if not is_drill(j)]
     for j in rows:
         g = groups.setdefault((j.cause, j.action), Group(j.cause, j.action))
         g.recommendations += 1
@@ -214,7 +269,13 @@ def report(
     ]
     ordered = sorted(groups.values(), key=lambda g: (g.cause, g.action))
     judged = sum(g.judged for g in ordered)
-    return Report(since, until, ordered, readiness, len(rows), judged)
+    return Report(
+        since, until, ordered, readiness, len(rows), judged, tuple(sorted(drills, key=_asked))
+    )
+
+
+def _asked(d: Drilled) -> tuple[datetime, int]:
+    return (d.at, d.id)
 
 
 def _readiness(action: str, partition: str, rows: list[Judged], min_agreed: int) -> Readiness:
@@ -298,6 +359,21 @@ def as_json(r: Report) -> dict[str, Any]:
             }
             for x in r.readiness
         ],
+        "drills": [
+            {
+                "drill": d.id,
+                "job": d.job,
+                "asked_at": d.at.isoformat(),
+                "by": d.by,
+                "outcome": d.outcome,
+                "passed": d.passed,
+                "reason": d.reason,
+                "lost_steps": d.lost_steps,
+                "lost_seconds": d.lost_seconds,
+                "start_seconds": d.start_seconds,
+            }
+            for d in r.drills
+        ],
     }
 
 
@@ -356,7 +432,42 @@ def csv_rows(r: Report) -> list[list[str]]:
                 _instead(g, " "),
             ]
         )
+    if r.drills:
+        # A table of its own (other columns): after an empty line, so that a reader splits
+        # the file there. A window without drills keeps the one table.
+        out += [[], list(DRILL_CSV_COLUMNS)]
+        out += [
+            [
+                str(d.id),
+                str(d.job),
+                d.at.isoformat(),
+                d.by,
+                d.outcome,
+                _number(d.lost_steps),
+                _number(d.lost_seconds),
+                _number(d.start_seconds),
+                "" if d.passed else d.reason,
+            ]
+            for d in r.drills
+        ]
     return out
+
+
+DRILL_CSV_COLUMNS = (
+    "drill",
+    "job",
+    "asked_at",
+    "by",
+    "outcome",
+    "lost_steps",
+    "lost_seconds",
+    "start_seconds",
+    "why_not",
+)
+
+
+def _number(v: float | None) -> str:
+    return "" if v is None else f"{v:g}"
 
 
 def _instead(g: Group, sep: str) -> str:
@@ -456,4 +567,40 @@ def as_markdown(r: Report) -> str:
             f"- decision {j.decision_id} ({j.incident}): slurmedic {did} for {g.cause}, "
             f"{j.by} would {j.would}{flag}{note}"
         )
+    lines += ["", "## Recovery drills", ""]
+    if not r.drills:
+        lines.append("None in this window (`slurmedic drill JOB`).")
+    else:
+        lines += [
+            "Operators' tests of recovery: not counted in the figures above.",
+            "",
+            _row(DRILL_TABLE),
+            "|" + "---|" * len(DRILL_TABLE),
+            *(_row(drill_cells(d)) for d in r.drills),
+        ]
     return "\n".join(lines) + "\n"
+
+
+DRILL_TABLE = ("drill", "job", "asked", "by", "lost work", "time to resume", "passed or why not")
+
+
+def lost_work(d: Drilled) -> str:
+    """`120 steps, 300s`, what is known of it, or `—`."""
+    parts = []
+    if d.lost_steps is not None:
+        parts.append(f"{d.lost_steps:g} steps")
+    if d.lost_seconds is not None:
+        parts.append(_seconds(d.lost_seconds))
+    return ", ".join(parts) or "—"
+
+
+def drill_cells(d: Drilled) -> list[str]:
+    return [
+        str(d.id),
+        str(d.job),
+        f"{d.at:%Y-%m-%d %H:%M}",
+        d.by,
+        lost_work(d),
+        _seconds(d.start_seconds) or "—",
+        d.why_not,
+    ]

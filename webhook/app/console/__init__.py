@@ -26,6 +26,7 @@ from flask import (
     url_for,
 )
 
+from webhook.app.console import drills as drill_form
 from webhook.app.console.auth import UsersError, check_login, current, require, settings
 from webhook.backtest.report import WORDS
 from webhook.core import disruption, trial
@@ -40,6 +41,7 @@ from webhook.ledger import review
 from webhook.ledger.schema import DecisionEvent, DecisionRow
 from webhook.ledger.settings import Breaker, CorruptSetting, Modes, S, Switch, Unmatched
 from webhook.ledger.store import Ledger, _utc, last_dry_run
+from webhook.ledger.trial_drills import trial_drills
 
 console = Blueprint(
     "console",
@@ -241,14 +243,52 @@ def trial_report() -> Any:
     until = now()
     since = until - timedelta(days=int(days))
     rows = review.trial_rows(ledger(), since, until)
+    drilled = trial_drills(ledger(), since, until)
     return render_template(
         "console/report.html",
-        report=trial.report(rows, since, until),
+        report=trial.report(rows, since, until, drills=drilled),
+        lost_work=trial.lost_work,
         days=int(days),
         harmful=trial.harmful,
         missed=trial.missed,
         effects=trial.EFFECT_WORDS,
     )
+
+
+def _prometheus_url() -> str | None:
+    url: str | None = current_app.extensions["slurmedic"].get("prometheus_url")
+    return url
+
+
+@console.route("/drills")
+@require("viewer")
+def drills() -> Any:
+    """The latest recovery drills and what became of each (`slurmedic drills`); approvers
+    also find the form that asks for one."""
+    return render_template(
+        "console/drills.html",
+        rows=ledger().drills.latest(100),
+        outcome=trial.drill_outcome,
+        timed=_prometheus_url() is not None,
+    )
+
+
+@console.route("/drills/ask", methods=["POST"])
+@require("approver")
+def ask_drill() -> Any:
+    """A drill asked for as `slurmedic drill JOB` asks: the leader's loop plans it."""
+    at = now()
+    try:
+        asked = drill_form.parse(request.form, _prometheus_url(), at)
+    except drill_form.FormError as e:
+        abort(e.status, str(e))
+    drill_id = ledger().drills.ask(asked.job, g.user.name, at, asked.not_before, asked.exclude)
+    current_app.logger.warning(
+        "console: %s asked for drill %d of job %d", g.user.name, drill_id, asked.job
+    )
+    when = "now" if asked.not_before <= at else f"at {asked.not_before:%H:%M:%S} UTC"
+    flash(f"drill {drill_id} of job {asked.job} asked for {when}: the leader's loop plans it", "ok")
+    return redirect(url_for("console.drills"))
 
 
 @console.route("/nodes")
