@@ -443,8 +443,10 @@ def test_the_trial_report_from_the_cli_and_the_console(
     assert groups[("gpu_hardware", "requeue")]["disagreements"][0]["harmful"] is False
     assert groups[("gpu_hardware", "none")]["missed"] == 1  # it should have drained
     md = run(f"--since={since}", "--format=md", "--min-agreed=1")
+    # One agreed drain is enough agreement here, but not a varied record: not ready.
     assert (
-        "- drain on partition train: 1 agreed of 1 judged, 0 harmful disagreement(s): ready"
+        "- drain for gpu_hardware on partition train: 1 agreed of 1 judged, 0 harmful "
+        "disagreement(s); agreed on 1 day(s), 1 node(s), 1 kind(s) of alert: not varied enough"
         in md.stdout
     )
     bad = run("--since=last tuesday")
@@ -452,7 +454,7 @@ def test_the_trial_report_from_the_cli_and_the_console(
 
     login(client, "vera")
     page = client.get("/console/report?days=3650").get_data(as_text=True)
-    assert "drain on partition train: 1 agreed of 1 judged" in page
+    assert "drain for gpu_hardware on partition train: 1 agreed of 1 judged" in page
     assert "anna would stop" in page and "no ckpt" in page
     assert "slurmedic did nothing for gpu_hardware, anna would drain" in page
     assert '<strong class="warn">(missed)</strong>' in page

@@ -1,7 +1,8 @@
 """The trial report over plain rows: agreement per cause and action, harmful disagreements
 (the operator would have done less, by what happened in Slurm) and misses (more), what the
 operators would have done instead, what would have been disrupted, fault to recommendation
-time, recoveries, readiness per action and partition, and a Markdown table that renders."""
+time (from the fault's first evidence, the rules' for: apart), recoveries, readiness per action,
+cause and partition that only a varied record earns, and a Markdown table that renders."""
 
 from __future__ import annotations
 
@@ -60,24 +61,75 @@ def test_agreement_harm_disruption_and_latency_per_group() -> None:
     assert groups[("shared_infrastructure", "escalate")].harmful == 0
     lines = {(x.action, x.partition): x for x in r.readiness}
     assert not lines[("drain", "train")].ready
-    assert "1 harmful disagreement(s): not ready" in lines[("drain", "train")].line
+    assert (
+        "1 harmful disagreement(s); agreed on 1 day(s), 12 node(s)"
+        in lines[("drain", "train")].line
+    )
+    assert lines[("drain", "train")].line.endswith(
+        "not ready: look at the harmful disagreements first"
+    )
     assert lines[("requeue", "train")].line == (
-        "requeue on partition train: 2 agreed of 2 judged, 0 harmful disagreement(s): "
+        "requeue for gpu_hardware on partition train: 2 agreed of 2 judged, 0 harmful "
+        "disagreement(s); agreed on 1 day(s), 2 job(s), 0 kind(s) of alert: "
         "not enough agreed yet (2 of 10)"
     )
     assert ("escalate", "train") not in lines  # escalations disrupt nothing: never "enabled"
 
 
-def test_a_clean_record_is_ready_and_partitions_are_judged_apart() -> None:
-    rows = [judged(i, "requeue", verdict="agree") for i in range(1, 12)]
-    rows += [judged(50 + i, "requeue", partition="debug", verdict="agree") for i in range(3)]
-    rows += [judged(60, "drain", partition=None, verdict="agree")]
-    r = trial.report(rows, T, T + timedelta(days=1), min_agreed=10)
-    lines = {(x.action, x.partition): x for x in r.readiness}
-    assert lines[("requeue", "train")].ready
-    assert lines[("requeue", "train")].line.endswith(": ready to enforce")
-    assert not lines[("requeue", "debug")].ready
-    assert lines[("drain", "*")].line.startswith("drain (no partition): 1 agreed")
+def over_days(i: int, action: str, **kw: Any) -> trial.Judged:
+    """A recommendation of the i-th day of a week."""
+    return judged(i, action, at=T + timedelta(days=i % 7, seconds=30), **kw)
+
+
+def test_a_clean_varied_record_is_ready_and_partitions_and_causes_are_judged_apart() -> None:
+    rows = [over_days(i, "requeue", verdict="agree") for i in range(1, 12)]
+    rows += [over_days(30 + i, "requeue", cause="degraded", verdict="agree") for i in range(3)]
+    rows += [over_days(50 + i, "requeue", partition="debug", verdict="agree") for i in range(3)]
+    rows += [over_days(60, "drain", partition=None, verdict="agree")]
+    r = trial.report(rows, T, T + timedelta(days=8), min_agreed=10)
+    lines = {(x.action, x.cause, x.partition): x for x in r.readiness}
+    ready = lines[("requeue", "gpu_hardware", "train")]
+    assert ready.ready and (ready.days, ready.spread) == (7, 11)
+    assert ready.line.endswith(": ready to enforce")
+    # The same action for another cause, or on another partition, earns its own.
+    assert not lines[("requeue", "degraded", "train")].ready
+    assert not lines[("requeue", "gpu_hardware", "debug")].ready
+    assert lines[("drain", "gpu_hardware", "*")].line.startswith(
+        "drain for gpu_hardware (no partition): 1 agreed"
+    )
+
+
+def test_one_run_s_record_or_one_node_again_and_again_is_not_ready() -> None:
+    # Eleven agreed drains in one lab run: one day.
+    run = [judged(i, "drain", verdict="agree") for i in range(1, 12)]
+    (line,) = trial.report(run, T, T + timedelta(days=1)).readiness
+    assert (
+        not line.ready and "not varied enough: agreed on 3 days and 3 node(s) at least" in line.line
+    )
+    # A week of the same node failing.
+    node = [over_days(i, "drain", verdict="agree", nodes=("gpu07",)) for i in range(1, 12)]
+    (line,) = trial.report(node, T, T + timedelta(days=8)).readiness
+    assert (line.ready, line.days, line.spread) == (False, 7, 1)
+    assert "not varied enough" in line.line
+
+
+def test_fault_to_recommendation_runs_from_the_first_evidence_with_the_rules_share_apart() -> None:
+    rows = [
+        judged(1, "drain", alerts=("GpuNvlinkErrors",), at=T + timedelta(seconds=20)),
+        judged(
+            2, "drain", alerts=("GpuXidNodeFault", "GpuNvlinkErrors"), at=T + timedelta(seconds=20)
+        ),
+    ]
+    delays = {"GpuNvlinkErrors": 300.0, "GpuXidNodeFault": 0.0}
+    (g,) = trial.report(rows, T, T + timedelta(days=1), delays=delays).groups
+    assert sorted(g.latencies) == [20.0, 320.0] and sorted(g.rule_delays) == [0.0, 300.0]
+    assert g.alerts == {"GpuNvlinkErrors": 1, "GpuXidNodeFault": 1}
+    assert "its first alert's start less that alert's rule `for:`" in trial.as_markdown(
+        trial.report(rows, T, T + timedelta(days=1), delays=delays)
+    )
+    # Without the rules' delays (an alert no rule file names), from the alert's start.
+    (g,) = trial.report(rows, T, T + timedelta(days=1)).groups
+    assert g.latencies == [20.0, 20.0]
 
 
 def test_agreement_below_the_bar_is_not_ready_even_without_harm() -> None:
@@ -96,7 +148,7 @@ def test_the_three_formats_carry_the_same_figures() -> None:
     md = trial.as_markdown(r)
     assert (
         "| gpu_hardware | drain | 2 | 1 | 1 | 0 | 50% | 1 | 0 | escalate 1 | 2 | 0 | 0 | 0.0 "
-        "| 0, 0.0 | 30s / 30s | — |"
+        "| 0, 0.0 | 30s / 30s | 0s | — | — |"
     ) in md
     assert "decision 2 (2.0): slurmedic drain for gpu_hardware, kim would escalate (harmful)" in md
     table = list(csv.DictReader(io.StringIO("\n".join(",".join(r) for r in trial.csv_rows(r)))))

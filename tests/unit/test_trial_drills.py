@@ -65,12 +65,15 @@ def drill_rows() -> list[trial.Judged]:
 
 
 def test_drills_count_neither_in_agreement_nor_in_readiness() -> None:
-    real = [judged(i, "requeue", verdict="agree") for i in range(1, 11)]
-    r = trial.report([*real, *drill_rows()], T, T + timedelta(days=1), min_agreed=10)
+    real = [
+        judged(i, "requeue", verdict="agree", at=T + timedelta(days=i % 3)) for i in range(1, 11)
+    ]
+    r = trial.report([*real, *drill_rows()], T, T + timedelta(days=3), min_agreed=10)
     assert (r.recommendations, r.judged) == (10, 10)
     assert [(g.cause, g.action) for g in r.groups] == [("gpu_hardware", "requeue")]
     (line,) = r.readiness
-    assert line.ready and line.line.startswith("requeue on partition train: 10 agreed of 10")
+    assert line.ready
+    assert line.line.startswith("requeue for gpu_hardware on partition train: 10 agreed of 10")
     assert trial.report(drill_rows(), T, T + timedelta(days=1)).groups == []
 
 

@@ -11,6 +11,8 @@ from webhook.cli.common import config_option, ledger_of, render_report
 from webhook.core import durations, trial
 from webhook.ledger.review import trial_rows
 from webhook.ledger.trial_drills import trial_drills
+from webhook.rules.delays import rule_delays
+from webhook.rules.render import RulesError, RuleSource
 
 
 def when(value: str, name: str, now: datetime) -> datetime:
@@ -52,7 +54,13 @@ def trial_group() -> None:
     type=click.IntRange(1),
     default=trial.MIN_AGREED,
     show_default=True,
-    help="Agreed recommendations an action needs on a partition before it is ready.",
+    help="Agreed recommendations an action needs (for a cause, on a partition) before it is ready.",
+)
+@click.option(
+    "--rules-config",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="The site's rules config (`rules render --config`): its rules' for: are the delays "
+    "added to alert-to-recommendation times (default: the shipped config).",
 )
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), help="Write it here.")
 def report(
@@ -61,11 +69,12 @@ def report(
     until_: str | None,
     fmt: str,
     min_agreed: int,
+    rules_config: Path | None,
     out: Path | None,
 ) -> None:
     """The trial report: recommendations, verdicts, agreement, disagreements with the
     operator's alternative, what would have been disrupted, fault to recommendation time,
-    recovery outcomes, and a readiness line per action and partition; then the recovery
+    recovery outcomes, and a readiness line per action, cause and partition; then the recovery
     drills asked for in the window (apart: never counted above), each with the work it lost,
     its time to resume and whether it passed. In csv, the drills are a second table after an
     empty line."""
@@ -77,7 +86,11 @@ def report(
     ledger = ledger_of(config_path)
     rows = trial_rows(ledger, start, end)
     drilled = trial_drills(ledger, start, end)
-    made = trial.report(rows, start, end, min_agreed, drilled)
+    try:
+        delays = rule_delays(RuleSource(config_file=rules_config))
+    except RulesError as e:
+        raise click.BadParameter(str(e), param_hint="--rules-config") from e
+    made = trial.report(rows, start, end, min_agreed, drilled, delays)
     text = render(made, fmt)
     if out is None:
         click.echo(text, nl=False)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -50,6 +51,11 @@ IMPACT: dict[str, tuple[int, int]] = {
 # No judgement below this many agreed recommendations makes an action ready.
 MIN_AGREED = 10
 READY_AGREEMENT = 0.95
+# ... nor a record narrower than this: agreed recommendations on this many days, and on this
+# many nodes (a drain) or jobs (a requeue, a stop). One lab run, or one bad node failing all
+# week, is not a trial.
+MIN_DAYS = 3
+MIN_SPREAD = 3
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,8 @@ class Judged:
     gpu_hours: float | None = None
     # A requeue's or stop's effect on its attempt (webhook/core/effects.py; None: not read).
     effect: str | None = None
+    # The names of the alerts it was decided on, the first first (its evidence).
+    alerts: tuple[str, ...] = ()
 
     @property
     def impact(self) -> tuple[int, int]:
@@ -153,7 +161,11 @@ class Group:
     instead: dict[str, int] = field(default_factory=dict)
     nodes: set[str] = field(default_factory=set)
     jobs: set[int] = field(default_factory=set)
+    # Fault (its first evidence: the first alert's start less its rule's `for:`) to
+    # recommendation, and the rules' share of it (their `for:`).
     latencies: list[float] = field(default_factory=list)
+    rule_delays: list[float] = field(default_factory=list)
+    alerts: dict[str, int] = field(default_factory=dict)  # recommendations by first alert
     recoveries: dict[str, int] = field(default_factory=dict)
     disagreements: list[Judged] = field(default_factory=list)
     # Summed over its recommendations; `harmful_` over the harmful disagreements alone (what
@@ -173,23 +185,38 @@ class Group:
 
     def latency(self, q: float) -> float | None:
         """The q-quantile of fault-to-recommendation seconds (None: no fault time known)."""
-        if not self.latencies:
-            return None
-        if len(self.latencies) == 1:
-            return self.latencies[0]
-        cuts = statistics.quantiles(self.latencies, n=100, method="inclusive")
-        return cuts[min(98, max(0, round(q * 100) - 1))]
+        return _quantile(self.latencies, q)
+
+    def rule_delay(self, q: float) -> float | None:
+        """The q-quantile of the rules' `for:` within those times."""
+        return _quantile(self.rule_delays, q)
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return cuts[min(98, max(0, round(q * 100) - 1))]
 
 
 @dataclass(frozen=True)
 class Readiness:
+    """Whether one action, for one cause, on one partition, has earned enforce mode."""
+
     action: str
+    cause: str
     partition: str  # "*": decisions of no partition
     agreed: int
     judged: int
     harmful: int
     ready: bool
     line: str
+    # The variety of its agreed recommendations: days, nodes or jobs, alerts.
+    days: int = 0
+    spread: int = 0
+    alerts: int = 0
 
 
 @dataclass(frozen=True)
@@ -229,9 +256,14 @@ def report(
     until: datetime,
     min_agreed: int = MIN_AGREED,
     drills: list[Drilled] | tuple[Drilled, ...] = (),
+    delays: Mapping[str, float] | None = None,
 ) -> Report:
+    """The report of `rows`; `delays`: each alert's rule `for:` in seconds (webhook/rules/
+    delays.py), added to the time from an alert's start to measure from the fault's first
+    evidence (unknown alerts: 0)."""
+    delays = delays or {}
     groups: dict[tuple[str, str], Group] = {}
-    per_action: dict[tuple[str, str], list[Judged]] = defaultdict(list)
+    per_action: dict[tuple[str, str, str], list[Judged]] = defaultdict(list)
     rows = [j for j in rows if not is_drill(j)]
     for j in rows:
         g = groups.setdefault((j.cause, j.action), Group(j.cause, j.action))
@@ -257,15 +289,19 @@ def report(
             g.jobs.add(j.job)
         g.gpus += j.disrupted_gpus
         g.gpu_hours += j.disrupted_gpu_hours
+        if j.alerts:
+            g.alerts[j.alerts[0]] = g.alerts.get(j.alerts[0], 0) + 1
         if j.fault_at is not None:
-            g.latencies.append(max(0.0, (j.at - j.fault_at).total_seconds()))
+            held = delays.get(j.alerts[0], 0.0) if j.alerts else 0.0
+            g.latencies.append(max(0.0, (j.at - j.fault_at).total_seconds()) + held)
+            g.rule_delays.append(held)
         if j.recovery:
             g.recoveries[j.recovery] = g.recoveries.get(j.recovery, 0) + 1
         if disrupts(j.action):
-            per_action[(j.action, j.partition or "*")].append(j)
+            per_action[(j.action, j.cause, j.partition or "*")].append(j)
     readiness = [
-        _readiness(action, partition, found, min_agreed)
-        for (action, partition), found in sorted(per_action.items())
+        _readiness(action, cause, partition, found, min_agreed)
+        for (action, cause, partition), found in sorted(per_action.items())
     ]
     ordered = sorted(groups.values(), key=lambda g: (g.cause, g.action))
     judged = sum(g.judged for g in ordered)
@@ -278,22 +314,43 @@ def _asked(d: Drilled) -> tuple[datetime, int]:
     return (d.at, d.id)
 
 
-def _readiness(action: str, partition: str, rows: list[Judged], min_agreed: int) -> Readiness:
-    agreed = sum(j.verdict == "agree" for j in rows)
+def _readiness(
+    action: str, cause: str, partition: str, rows: list[Judged], min_agreed: int
+) -> Readiness:
+    agreed = [j for j in rows if j.verdict == "agree"]
     judged = sum(j.verdict is not None for j in rows)
     bad = sum(harmful(j) for j in rows)
-    where = f"{action} on partition {partition}" if partition != "*" else f"{action} (no partition)"
-    head = f"{where}: {agreed} agreed of {judged} judged, {bad} harmful disagreement(s)"
+    days = len({j.at.date() for j in agreed})
+    on_jobs = action in JOB_ACTIONS
+    spread = len({j.job for j in agreed} if on_jobs else {n for j in agreed for n in j.nodes})
+    alerts = len({j.alerts[0] for j in agreed if j.alerts})
+    where = f"{action} for {cause}" + (
+        f" on partition {partition}" if partition != "*" else " (no partition)"
+    )
+    what = "job(s)" if on_jobs else "node(s)"
+    head = (
+        f"{where}: {len(agreed)} agreed of {judged} judged, {bad} harmful disagreement(s); "
+        f"agreed on {days} day(s), {spread} {what}, {alerts} kind(s) of alert"
+    )
     if bad:
         verdict, ready = "not ready: look at the harmful disagreements first", False
-    elif agreed < min_agreed:
-        verdict, ready = f"not enough agreed yet ({agreed} of {min_agreed})", False
-    elif agreed / judged < READY_AGREEMENT:
-        share = f"{agreed / judged:.0%}"
+    elif len(agreed) < min_agreed:
+        verdict, ready = f"not enough agreed yet ({len(agreed)} of {min_agreed})", False
+    elif len(agreed) / judged < READY_AGREEMENT:
+        share = f"{len(agreed) / judged:.0%}"
         verdict, ready = f"agreement {share} is below {READY_AGREEMENT:.0%}", False
+    elif days < MIN_DAYS or spread < MIN_SPREAD:
+        verdict = (
+            f"not varied enough: agreed on {MIN_DAYS} days and {MIN_SPREAD} {what} at least "
+            "(one run, or one node failing again and again, is not a trial)"
+        )
+        ready = False
     else:
         verdict, ready = "ready to enforce", True
-    return Readiness(action, partition, agreed, judged, bad, ready, f"{head}: {verdict}")
+    return Readiness(
+        action, cause, partition, len(agreed), judged, bad, ready, f"{head}: {verdict}",
+        days, spread, alerts,
+    )  # fmt: skip
 
 
 # ---- formats ------------------------------------------------------------------------------
@@ -328,6 +385,8 @@ def as_json(r: Report) -> dict[str, Any]:
                 "harmful_gpu_hours": round(g.harmful_gpu_hours, 3),
                 "fault_to_recommendation_p50_seconds": g.latency(0.5),
                 "fault_to_recommendation_p90_seconds": g.latency(0.9),
+                "rule_delay_p50_seconds": g.rule_delay(0.5),
+                "alerts": dict(sorted(g.alerts.items())),
                 "recoveries": dict(sorted(g.recoveries.items())),
                 "disagreements": [
                     {
@@ -350,10 +409,14 @@ def as_json(r: Report) -> dict[str, Any]:
         "readiness": [
             {
                 "action": x.action,
+                "cause": x.cause,
                 "partition": x.partition,
                 "agreed": x.agreed,
                 "judged": x.judged,
                 "harmful": x.harmful,
+                "days": x.days,
+                "spread": x.spread,
+                "alerts": x.alerts,
                 "ready": x.ready,
                 "line": x.line,
             }
@@ -395,6 +458,7 @@ CSV_COLUMNS = (
     "harmful_gpu_hours",
     "fault_to_recommendation_p50_seconds",
     "fault_to_recommendation_p90_seconds",
+    "rule_delay_p50_seconds",
     "recovered",
     "recovery_failed",
     "missed",
@@ -426,6 +490,7 @@ def csv_rows(r: Report) -> list[list[str]]:
                 f"{g.harmful_gpu_hours:.2f}",
                 "" if p50 is None else f"{p50:.1f}",
                 "" if p90 is None else f"{p90:.1f}",
+                "" if (held := g.rule_delay(0.5)) is None else f"{held:.1f}",
                 str(g.recoveries.get("recovered", 0)),
                 str(g.recoveries.get("failed", 0)),
                 str(g.missed),
@@ -491,6 +556,8 @@ TABLE = (
     "GPU-hours",
     "harmful: GPUs, GPU-hours",
     "fault → recommendation p50 / p90",
+    "of which rules' for: p50",
+    "first alerts",
     "recoveries",
 )
 
@@ -524,6 +591,8 @@ def _group_cells(g: Group) -> list[str]:
         f"{g.gpu_hours:.1f}",
         f"{g.harmful_gpus}, {g.harmful_gpu_hours:.1f}",
         f"{_seconds(g.latency(0.5))} / {_seconds(g.latency(0.9))}",
+        _seconds(g.rule_delay(0.5)) or "—",
+        ", ".join(f"{k} {v}" for k, v in sorted(g.alerts.items())) or "—",
         rec,
     ]
 
@@ -549,6 +618,10 @@ def as_markdown(r: Report) -> str:
         _row(TABLE),
         "|" + "---|" * len(TABLE),
         *(_row(_group_cells(g)) for g in r.groups),
+        "",
+        "Fault → recommendation runs from the fault's first evidence: its first alert's start "
+        "less that alert's rule `for:` (the rules' share beside it). The scrape and rule "
+        "evaluation intervals add up to one of each more.",
     ]
     dis = [(g, j) for g in r.groups for j in g.disagreements]
     lines += ["", "## Disagreements", ""]

@@ -321,9 +321,16 @@ def trial_rows(ledger: Ledger, since: datetime, until: datetime) -> list[Judged]
                 gpus=d.gpus or 0,
                 gpu_hours=d.gpu_hours,
                 effect=_effect(d, details.get(d.id, [])),
+                alerts=_alertnames(d.evidence),
             )
         )
     return out
+
+
+def _alertnames(evidence: list[dict[str, Any]] | None) -> tuple[str, ...]:
+    """The alerts a decision was made on, in its evidence's order, each once."""
+    names = (str(e.get("alertname")) for e in evidence or () if e.get("alertname"))
+    return tuple(dict.fromkeys(names))
 
 
 def _effect(d: DecisionRow, details: list[dict[str, Any]]) -> str | None:

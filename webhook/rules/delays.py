@@ -7,6 +7,8 @@ trial report measures fault to recommendation from there, and shows the rules' s
 
 from __future__ import annotations
 
+import functools
+
 from webhook.core import durations
 from webhook.files import parse_yaml
 from webhook.rules.render import RuleSource
@@ -22,3 +24,9 @@ def rule_delays(source: RuleSource, profile: str | None = None) -> dict[str, flo
                     held = durations.parse(str(rule["for"])) if rule.get("for") else None
                     delays[str(rule["alert"])] = held.total_seconds() if held else 0.0
     return delays
+
+
+@functools.cache
+def shipped_delays() -> dict[str, float]:
+    """The shipped rules' delays, rendered once a process (the console's report page)."""
+    return rule_delays(RuleSource())

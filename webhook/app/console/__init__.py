@@ -42,6 +42,7 @@ from webhook.ledger.schema import DecisionEvent, DecisionRow
 from webhook.ledger.settings import Breaker, CorruptSetting, Modes, S, Switch, Unmatched
 from webhook.ledger.store import Ledger, _utc, last_dry_run
 from webhook.ledger.trial_drills import trial_drills
+from webhook.rules.delays import shipped_delays
 
 console = Blueprint(
     "console",
@@ -246,7 +247,7 @@ def trial_report() -> Any:
     drilled = trial_drills(ledger(), since, until)
     return render_template(
         "console/report.html",
-        report=trial.report(rows, since, until, drills=drilled),
+        report=trial.report(rows, since, until, drills=drilled, delays=shipped_delays()),
         lost_work=trial.lost_work,
         days=int(days),
         harmful=trial.harmful,
