@@ -161,8 +161,7 @@ def test_an_approver_reviews_judges_and_approves_an_incident_in_the_browser(
     # The trial report counts the verdict: the drain agreed on partition train.
     page.get_by_role("link", name="trial report").click()
     expect(page.locator("ul.readiness")).to_contain_text(
-        "drain for gpu_hardware on partition train: 1 agreed of 1 judged, 0 harmful "
-        "disagreement(s)"
+        "drain for gpu_hardware on partition train: 1 agreed of 1 judged, 0 harmful disagreement(s)"
     )
     expect(page.locator("table.report")).to_contain_text("gpu_hardware")
     shot(page, tmp_path, "trial-report")
