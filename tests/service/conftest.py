@@ -10,13 +10,34 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from webhook.ledger.schema import Base
 from webhook.ledger.store import Ledger
+from webhook.service.config import ServiceConfig
 
 PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+
+
+def console_config(tmp_path: Path, db: str, users_file: Path, **extra: Any) -> ServiceConfig:
+    """A service config with the console on (its token and key files written in `tmp_path`)."""
+    (tmp_path / "token").write_text("t0ken")
+    (tmp_path / "key").write_text("k" * 32)
+    return ServiceConfig.model_validate(
+        {
+            "database_url": db,
+            "metrics_cache_seconds": 0,
+            "auth": {"bearer_token_file": str(tmp_path / "token")},
+            "console": {
+                "enabled": True,
+                "users_file": str(users_file),
+                "secret_key_file": str(tmp_path / "key"),
+            },
+            **extra,
+        }
+    )
 
 
 def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, script: str) -> Path:

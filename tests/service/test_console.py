@@ -16,13 +16,13 @@ import pytest
 import yaml
 from flask.testing import FlaskClient
 
+from tests.service.conftest import console_config
 from webhook.app import create_app
 from webhook.core.decisions import Decision
 from webhook.core.recovery import FailurePoint, Verdict, Watch
 from webhook.core.verdicts import verdict
 from webhook.ledger import review
 from webhook.ledger.store import Ledger
-from webhook.service.config import ServiceConfig
 
 T = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 DRAIN = 'scontrol update nodename=gpu01 state=drain reason="slurmedic: 7.0 gpu_hardware"'
@@ -81,20 +81,7 @@ def users(path: Path) -> Path:
 @pytest.fixture
 def setup(tmp_path: Path, users_file: Path) -> tuple[FlaskClient, Ledger, list[int]]:
     db = f"sqlite:///{tmp_path / 'ledger.db'}"
-    (tmp_path / "token").write_text("t0ken")
-    (tmp_path / "key").write_text("k" * 32)
-    config = ServiceConfig.model_validate(
-        {
-            "database_url": db,
-            "metrics_cache_seconds": 0,
-            "auth": {"bearer_token_file": str(tmp_path / "token")},
-            "console": {
-                "enabled": True,
-                "users_file": str(users_file),
-                "secret_key_file": str(tmp_path / "key"),
-            },
-        }
-    )
+    config = console_config(tmp_path, db, users_file)
     ledger = Ledger(db)
     ids = ledger.record(
         [

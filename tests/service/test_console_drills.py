@@ -23,6 +23,7 @@ import yaml
 from flask.testing import FlaskClient
 
 from tests.markdown_tables import check
+from tests.service.conftest import console_config
 from tests.service.test_console import login, users
 from tests.service.test_prometheus_retries import Handler, Scripted
 from webhook.app import create_app
@@ -34,7 +35,6 @@ from webhook.core.trial import DRILL_TABLE
 from webhook.core.verdicts import verdict
 from webhook.ledger import review
 from webhook.ledger.store import Ledger
-from webhook.service.config import ServiceConfig
 
 ASK = "/console/drills/ask"
 
@@ -57,20 +57,11 @@ def prom() -> Iterator[Scripted]:
 
 def console(tmp_path: Path, users_file: Path, prometheus: str | None = None) -> FlaskClient:
     db = f"sqlite:///{tmp_path / 'ledger.db'}"
-    (tmp_path / "token").write_text("t0ken")
-    (tmp_path / "key").write_text("k" * 32)
-    config = ServiceConfig.model_validate(
-        {
-            "database_url": db,
-            "metrics_cache_seconds": 0,
-            "auth": {"bearer_token_file": str(tmp_path / "token")},
-            "console": {
-                "enabled": True,
-                "users_file": str(users_file),
-                "secret_key_file": str(tmp_path / "key"),
-            },
-            **({"verification": {"prometheus_url": prometheus}} if prometheus else {}),
-        }
+    config = console_config(
+        tmp_path,
+        db,
+        users_file,
+        **({"verification": {"prometheus_url": prometheus}} if prometheus else {}),
     )
     return create_app(config, Ledger(db)).test_client()
 

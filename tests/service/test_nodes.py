@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.service.conftest import console_config
 from tests.service.test_console import login, users
 from webhook.app import create_app
 from webhook.core.decisions import Decision
@@ -60,20 +61,7 @@ def ledger_and_config(tmp_path: Path) -> tuple[Ledger, Path, ServiceConfig]:
         for h, j in ((6, 11), (4, 12))
     ]
     ledger.record([], failures=xids)
-    (tmp_path / "token").write_text("t0ken")
-    (tmp_path / "key").write_text("k" * 32)
-    config = ServiceConfig.model_validate(
-        {
-            "database_url": db,
-            "metrics_cache_seconds": 0,
-            "auth": {"bearer_token_file": str(tmp_path / "token")},
-            "console": {
-                "enabled": True,
-                "users_file": str(users(tmp_path / "users.yml")),
-                "secret_key_file": str(tmp_path / "key"),
-            },
-        }
-    )
+    config = console_config(tmp_path, db, users(tmp_path / "users.yml"))
     path = tmp_path / "config.yml"
     path.write_text(yaml.safe_dump({"database_url": db}))
     return ledger, path, config
