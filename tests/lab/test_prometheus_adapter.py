@@ -11,9 +11,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from lab import monitoring
 from lab.config import LabConfig
 from tests.lab.conftest import eventually, running_nodes
 from webhook.adapters.prometheus import Prometheus, PrometheusError
+from webhook.rules.delays import rule_delays
+from webhook.rules.render import RuleSource
 
 pytestmark = pytest.mark.lab
 
@@ -23,6 +26,17 @@ def test_an_instant_query_answers_a_vector(lab_cfg: LabConfig) -> None:
     assert len(series) == 1
     assert series[0]["metric"]["job"] == "prometheus"
     assert series[0]["value"][1] == "1"
+
+
+def test_the_rules_prometheus_evaluates_give_each_alert_s_for_and_interval(
+    lab_cfg: LabConfig,
+) -> None:
+    prom = Prometheus(lab_cfg.prometheus_url)
+    # The lab's rules profile, as the rendered files hold it (webhook/rules/delays.py reads
+    # the same from the files): the trial report's delays on a live site.
+    assert prom.rule_delays() == rule_delays(RuleSource(), monitoring.rules_profile(lab_cfg))
+    assert prom.rule_delays()["GpuNvlinkErrors"] == 5
+    assert set(prom.rule_intervals()) == set(prom.rule_delays())
 
 
 def test_a_range_query_answers_a_matrix_over_the_span(lab_cfg: LabConfig) -> None:

@@ -116,19 +116,33 @@ class Prometheus:
 
     def rule_intervals(self) -> dict[str, timedelta]:
         """Each alerting rule's evaluation interval, by alert name (its group's)."""
+        return {
+            rule["name"]: timedelta(seconds=float(group["interval"]))
+            for group, rule in self._alerting_rules()
+        }
+
+    def rule_delays(self) -> dict[str, float]:
+        """Each alerting rule's `for:` in seconds, by alert name, as Prometheus evaluates it."""
+        return {
+            rule["name"]: float(rule.get("duration") or 0) for _, rule in self._alerting_rules()
+        }
+
+    def _alerting_rules(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         data = self._call(
             lambda: self.client._session.get(  # the client has no rules call
                 f"{self.url}/api/v1/rules", params={"type": "alert"}, timeout=self.timeout
             ).json()
         )
         try:
-            groups = data["data"]["groups"]
-            return {
-                rule["name"]: timedelta(seconds=float(group["interval"]))
-                for group in groups
+            rules = [
+                (group, rule)
+                for group in data["data"]["groups"]
                 for rule in group["rules"]
                 if rule.get("type") == "alerting"
-            }
+            ]
+            for group, rule in rules:  # what the callers read, checked once
+                float(group["interval"]), str(rule["name"]), float(rule.get("duration") or 0)
+            return rules
         except (KeyError, TypeError, ValueError) as e:
             raise PrometheusError(f"{self.url}: /api/v1/rules: not the API's answer ({e!r})") from e
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
-from webhook.cli.common import config_option, ledger_of, render_report
+from webhook.adapters.prometheus import Prometheus
+from webhook.cli.common import config_of, config_option, ledger_of, render_report
 from webhook.core import durations, trial
 from webhook.ledger.review import trial_rows
 from webhook.ledger.trial_drills import trial_drills
-from webhook.rules.delays import rule_delays
+from webhook.rules.delays import delays_for, rule_delays
 from webhook.rules.render import RulesError, RuleSource
 
 
@@ -59,8 +60,9 @@ def trial_group() -> None:
 @click.option(
     "--rules-config",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="The site's rules config (`rules render --config`): its rules' for: are the delays "
-    "added to alert-to-recommendation times (default: the shipped config).",
+    help="A rules config (`rules render --config`) whose rules' for: are the delays added to "
+    "alert-to-recommendation times (default: the rules Prometheus evaluates, read from "
+    "verification.prometheus_url; without it, the shipped rules').",
 )
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), help="Write it here.")
 def report(
@@ -86,11 +88,15 @@ def report(
     ledger = ledger_of(config_path)
     rows = trial_rows(ledger, start, end)
     drilled = trial_drills(ledger, start, end)
-    try:
-        delays = rule_delays(RuleSource(config_file=rules_config))
-    except RulesError as e:
-        raise click.BadParameter(str(e), param_hint="--rules-config") from e
-    made = trial.report(rows, start, end, min_agreed, drilled, delays)
+    if rules_config is not None:
+        try:
+            delays, source = rule_delays(RuleSource(config_file=rules_config)), str(rules_config)
+        except RulesError as e:
+            raise click.BadParameter(str(e), param_hint="--rules-config") from e
+    else:
+        url = config_of(config_path).verification.prometheus_url
+        delays, source = delays_for(Prometheus(url, timeout=10) if url else None)
+    made = trial.report(rows, start, end, min_agreed, drilled, delays, source)
     text = render(made, fmt)
     if out is None:
         click.echo(text, nl=False)

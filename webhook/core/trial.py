@@ -228,6 +228,7 @@ class Report:
     recommendations: int
     judged: int
     drills: tuple[Drilled, ...] = ()
+    delays_from: str = ""  # where the rules' for: were read
 
 
 def harmful(j: Judged) -> bool:
@@ -257,6 +258,7 @@ def report(
     min_agreed: int = MIN_AGREED,
     drills: list[Drilled] | tuple[Drilled, ...] = (),
     delays: Mapping[str, float] | None = None,
+    delays_from: str = "",
 ) -> Report:
     """The report of `rows`; `delays`: each alert's rule `for:` in seconds (webhook/rules/
     delays.py), added to the time from an alert's start to measure from the fault's first
@@ -306,7 +308,14 @@ def report(
     ordered = sorted(groups.values(), key=lambda g: (g.cause, g.action))
     judged = sum(g.judged for g in ordered)
     return Report(
-        since, until, ordered, readiness, len(rows), judged, tuple(sorted(drills, key=_asked))
+        since,
+        until,
+        ordered,
+        readiness,
+        len(rows),
+        judged,
+        tuple(sorted(drills, key=_asked)),
+        delays_from,
     )
 
 
@@ -364,6 +373,7 @@ def as_json(r: Report) -> dict[str, Any]:
         "until": r.until.isoformat(),
         "recommendations": r.recommendations,
         "judged": r.judged,
+        "rule_delays_from": r.delays_from,
         "groups": [
             {
                 "cause": g.cause,
@@ -620,8 +630,9 @@ def as_markdown(r: Report) -> str:
         *(_row(_group_cells(g)) for g in r.groups),
         "",
         "Fault → recommendation runs from the fault's first evidence: its first alert's start "
-        "less that alert's rule `for:` (the rules' share beside it). The scrape and rule "
-        "evaluation intervals add up to one of each more.",
+        "less that alert's rule `for:` (the rules' share beside it"
+        + (f"; read from {r.delays_from}" if r.delays_from else "")
+        + "). The scrape and rule evaluation intervals add up to one of each more.",
     ]
     dis = [(g, j) for g in r.groups for j in g.disagreements]
     lines += ["", "## Disagreements", ""]

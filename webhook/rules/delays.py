@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+from webhook.adapters.prometheus import Prometheus, PrometheusError
 from webhook.core import durations
 from webhook.files import parse_yaml
 from webhook.rules.render import RuleSource
@@ -28,5 +29,16 @@ def rule_delays(source: RuleSource, profile: str | None = None) -> dict[str, flo
 
 @functools.cache
 def shipped_delays() -> dict[str, float]:
-    """The shipped rules' delays, rendered once a process (the console's report page)."""
+    """The shipped rules' delays, rendered once a process."""
     return rule_delays(RuleSource())
+
+
+def delays_for(prometheus: Prometheus | None) -> tuple[dict[str, float], str]:
+    """The rules' delays and where they were read: the rules Prometheus evaluates, when it
+    answers (a site's own thresholds, the lab's profile), else the shipped rules'."""
+    if prometheus is not None:
+        try:
+            return prometheus.rule_delays(), f"the rules Prometheus evaluates ({prometheus.url})"
+        except PrometheusError as e:
+            return shipped_delays(), f"the shipped rules (Prometheus did not answer: {e})"
+    return shipped_delays(), "the shipped rules"

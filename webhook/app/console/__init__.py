@@ -26,6 +26,7 @@ from flask import (
     url_for,
 )
 
+from webhook.adapters.prometheus import Prometheus
 from webhook.app.console import drills as drill_form
 from webhook.app.console.auth import UsersError, check_login, current, require, settings
 from webhook.backtest.report import WORDS
@@ -42,7 +43,7 @@ from webhook.ledger.schema import DecisionEvent, DecisionRow
 from webhook.ledger.settings import Breaker, CorruptSetting, Modes, S, Switch, Unmatched
 from webhook.ledger.store import Ledger, _utc, last_dry_run
 from webhook.ledger.trial_drills import trial_drills
-from webhook.rules.delays import shipped_delays
+from webhook.rules.delays import delays_for
 
 console = Blueprint(
     "console",
@@ -245,9 +246,11 @@ def trial_report() -> Any:
     since = until - timedelta(days=int(days))
     rows = review.trial_rows(ledger(), since, until)
     drilled = trial_drills(ledger(), since, until)
+    url = _prometheus_url()
+    delays, source = delays_for(Prometheus(url, timeout=3, retries=0) if url else None)
     return render_template(
         "console/report.html",
-        report=trial.report(rows, since, until, drills=drilled, delays=shipped_delays()),
+        report=trial.report(rows, since, until, drills=drilled, delays=delays, delays_from=source),
         lost_work=trial.lost_work,
         days=int(days),
         harmful=trial.harmful,
