@@ -336,13 +336,17 @@ def clear_cmd(cfg: LabConfig, node: str | None) -> None:
 @pass_cfg
 @lab_errors
 def serve_cmd(cfg: LabConfig, policy: Path | None) -> None:
-    """Run `slurmedic serve` against the lab (monitor mode), as a lab process."""
+    """Run `slurmedic serve` against the lab (monitor mode), as a lab process; one already
+    served is restarted, on the same ledger, with the policy given now."""
     from lab import monitoring
 
     if policy is not None:
         from webhook.cli.common import policy_of
 
         policy_of(policy)  # one line naming the key, before anything starts
+    if processes.read_pid(cfg, "slurmedic") is not None:
+        processes.stop(cfg, "slurmedic")
+        click.echo("slurmedic was served: restarted with this policy")
     monitoring.start_slurmedic(cfg, policy)
     click.echo(
         f"slurmedic serves {cfg.url(cfg.receiver_port)}/api/v1/alerts "

@@ -4,6 +4,7 @@ Monitor mode (the lab's policy): the recommendation is recorded within seconds, 
 left exactly as it was.
 """
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -168,3 +169,19 @@ def test_a_drill_in_monitor_mode_is_a_dry_run_of_the_interruption(
     assert f"scontrol requeuehold {job}" in dry["commands"], dry
     assert f"scontrol update jobid={job} ExcNodeList={nodes[1]}" in dry["commands"], dry
     assert slurm_state(lab_cfg) == before
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "drills",
+            "--json",
+            f"--config={lab_cfg.slurmedic_config}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    (drill,) = [d for d in json.loads(listed.stdout) if d["job"] == job]
+    assert drill["outcome"] == "dry_run", drill

@@ -204,8 +204,11 @@ def test_a_job_counts_as_drilled_from_its_drill_s_decision_until_the_verdict(
     ledger.conclude("drill:42.2", Verdict("recovered", "ok", 10.0), T0 + timedelta(minutes=1))
     assert ledger.drills.in_flight(since) == set()
     assert ledger.drills.in_flight(T0 + timedelta(seconds=1)) == set()
-    # A drill in monitor mode interrupts nothing.
+    # A drill in monitor mode interrupts nothing: it is a dry run, and says so.
     ledger.drills.ask(43, "ops", T0, T0, None)
     (monitor,) = ledger.drills.due(T0)
     ledger.plan_drill(monitor, drills.plan(monitor, view(id=43), load_policy({}), T0), "ok")
     assert ledger.drills.in_flight(since) == set()
+    outcomes = {d.job: d.outcome for d in ledger.drills.between(since, T0 + timedelta(days=1))}
+    assert outcomes == {42: "passed", 43: "dry_run"}
+    assert ledger.drills.between(T0 + timedelta(seconds=1), T0 + timedelta(days=1)) == []

@@ -20,7 +20,6 @@ from webhook.adapters.prometheus import Prometheus, PrometheusError
 from webhook.cli.common import config_of, config_option, ledger_of
 from webhook.core import drills, durations
 from webhook.core.patterns import NODE_NAME
-from webhook.core.trial import drill_outcome
 from webhook.ledger.drills import Drill
 
 # How far back the job's checkpoints are read to learn its interval.
@@ -107,14 +106,28 @@ def _wait(listing: Any, asked: int, until: float) -> None:
             if said != last:
                 click.echo(f"drill {asked}: {said}")
                 last = said
-            if found.state == "refused" or (
-                found.recovery is not None and found.recovery.state != "watching"
+            final = found.outcome in NOT_RUN_SAID and found.outcome != "awaiting_approval"
+            if (
+                final
+                or found.state == "refused"
+                or (found.recovery is not None and found.recovery.state != "watching")
             ):
                 if _passed(found):
                     return
                 raise SystemExit(1)
         time.sleep(2)
     raise click.ClickException(f"drill {asked}: no result within the wait")
+
+
+# A drill whose requeue does not run, in words; all but an approval awaited are final.
+NOT_RUN_SAID = {
+    "dry_run": "a dry run only (monitor mode): its requeue was recorded, not run",
+    "awaiting_approval": "its requeue awaits approval (`slurmedic review`)",
+    "rejected": "its requeue was rejected",
+    "expired": "its requeue expired unapproved",
+    "run_failed": "its requeue failed to run (`slurmedic decisions show`)",
+    "superseded": "its requeue was superseded",
+}
 
 
 def _passed(d: Drill) -> bool:
@@ -127,7 +140,9 @@ def _outcome(d: Drill) -> str:
     if d.state == "refused":
         return f"refused: {d.reason}"
     if d.recovery is None:
-        return f"decided ({d.incident}): waiting for its requeue to run"
+        return NOT_RUN_SAID.get(
+            d.outcome, f"decided ({d.incident}): waiting for its requeue to run"
+        )
     r = d.recovery
     if r.state == "watching":
         return "requeued: watching the job come back"
@@ -146,7 +161,7 @@ def _as_json(d: Drill) -> dict[str, Any]:
         "exclude": d.exclude,
         "state": d.state,
         "incident": d.incident,
-        "outcome": drill_outcome(d.state, None if r is None else r.state),
+        "outcome": d.outcome,
         "reason": d.reason if r is None else r.reason,
         "resumed_from_step": None if r is None else r.resume_step,
         "last_checkpoint_step": None if r is None else r.checkpoint_step,

@@ -31,6 +31,14 @@ from webhook.core.decisions import JOB_ACTIONS
 from webhook.core.drills import CAUSE as DRILL_CAUSE
 from webhook.core.effects import HARMLESS
 from webhook.core.incidents import DRILL
+from webhook.core.lifecycle import (
+    AWAITING_APPROVAL,
+    EXPIRED,
+    FAILED,
+    RECORDED,
+    REJECTED,
+    SUPERSEDED,
+)
 
 # What an action, or an operator's alternative (webhook/core/verdicts.py), does to the job (0:
 # leaves it running, 1: ends and restarts it, 2: ends it) and to the nodes' service (0: leaves
@@ -111,12 +119,29 @@ def is_drill(j: Judged) -> bool:
 PASSED = "passed"
 
 
-def drill_outcome(request_state: str, recovery_state: str | None) -> str:
+# A drill decided but whose requeue will not run, by its decision's state: monitor mode's dry
+# run, an approval still awaited or refused, a run that failed.
+NOT_RUN = {
+    RECORDED: "dry_run",
+    AWAITING_APPROVAL: "awaiting_approval",
+    REJECTED: "rejected",
+    EXPIRED: "expired",
+    FAILED: "run_failed",
+    SUPERSEDED: "superseded",
+}
+
+
+def drill_outcome(
+    request_state: str, recovery_state: str | None, run_state: str | None = None
+) -> str:
     """What became of a drill: `passed` when its recovery recovered, else its recovery's state
-    (watching, failed, unverified), else its request's (asked, decided, refused)."""
-    if recovery_state is None:
-        return request_state
-    return PASSED if recovery_state == "recovered" else recovery_state
+    (watching, failed, unverified), else what stopped its requeue (dry_run, awaiting_approval,
+    rejected, expired, run_failed), else its request's (asked, decided, refused)."""
+    if recovery_state is not None:
+        return PASSED if recovery_state == "recovered" else recovery_state
+    if request_state == "decided" and run_state in NOT_RUN:
+        return NOT_RUN[run_state]
+    return request_state
 
 
 @dataclass(frozen=True)

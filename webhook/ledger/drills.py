@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from webhook.core.decisions import Decision
 from webhook.core.drills import Request
 from webhook.core.lifecycle import APPROVED, AWAITING_APPROVAL, EXECUTED, PENDING, RUNNING
+from webhook.core.trial import drill_outcome
 from webhook.ledger.schema import DecisionRow, DrillRow, RecoveryRow
 
 ASKED, DECIDED, REFUSED = "asked", "decided", "refused"
@@ -39,6 +40,14 @@ class Drill:
     incident: str | None
     exclude: str | None
     recovery: RecoveryRow | None  # once its requeue ran: how the job came back
+    run_state: str | None = None  # its requeue decision's state, once decided
+
+    @property
+    def outcome(self) -> str:
+        """passed, failed, watching...: webhook/core/trial.py drill_outcome."""
+        return drill_outcome(
+            self.state, None if self.recovery is None else self.recovery.state, self.run_state
+        )
 
 
 def _utc(at: datetime) -> datetime:
@@ -136,26 +145,49 @@ class Drills:
         }
 
     def latest(self, limit: int = 100) -> list[Drill]:
-        """The latest drills, newest first, each with its recovery once there is one."""
+        """The latest drills, newest first."""
         with self.session() as s:
-            rows = s.scalars(select(DrillRow).order_by(DrillRow.id.desc()).limit(limit)).all()
-            incidents = [r.incident for r in rows if r.incident]
-            recoveries = {
-                r.incident: r
-                for r in s.scalars(select(RecoveryRow).where(RecoveryRow.incident.in_(incidents)))
-            }
-            return [
-                Drill(
-                    id=r.id,
-                    job=r.job,
-                    by=r.by,
-                    asked_at=_utc(r.asked_at),
-                    not_before=_utc(r.not_before),
-                    state=r.state,
-                    reason=r.reason,
-                    incident=r.incident,
-                    exclude=r.exclude,
-                    recovery=recoveries.get(r.incident) if r.incident else None,
+            query = select(DrillRow).order_by(DrillRow.id.desc()).limit(limit)
+            return self._read(s, s.scalars(query).all())
+
+    def between(self, since: datetime, until: datetime) -> list[Drill]:
+        """The drills asked for in [since, until), oldest first."""
+        with self.session() as s:
+            query = (
+                select(DrillRow)
+                .where(DrillRow.asked_at >= since, DrillRow.asked_at < until)
+                .order_by(DrillRow.id)
+            )
+            return self._read(s, s.scalars(query).all())
+
+    @staticmethod
+    def _read(s: Session, rows: Sequence[DrillRow]) -> list[Drill]:
+        """Each drill with its requeue's state and its recovery, once there are."""
+        incidents = [r.incident for r in rows if r.incident]
+        recoveries = {
+            r.incident: r
+            for r in s.scalars(select(RecoveryRow).where(RecoveryRow.incident.in_(incidents)))
+        }
+        runs = dict(
+            s.execute(
+                select(DecisionRow.incident, DecisionRow.state).where(
+                    DecisionRow.incident.in_(incidents), DecisionRow.action == "requeue"
                 )
-                for r in rows
-            ]
+            ).all()
+        )
+        return [
+            Drill(
+                id=r.id,
+                job=r.job,
+                by=r.by,
+                asked_at=_utc(r.asked_at),
+                not_before=_utc(r.not_before),
+                state=r.state,
+                reason=r.reason,
+                incident=r.incident,
+                exclude=r.exclude,
+                recovery=recoveries.get(r.incident) if r.incident else None,
+                run_state=runs.get(r.incident) if r.incident else None,
+            )
+            for r in rows
+        ]
