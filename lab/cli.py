@@ -299,7 +299,7 @@ _job_fault(
 @lab_errors
 def spoil_checkpoint_cmd(cfg: LabConfig, job_id: int, kind: str) -> None:
     """The job's next attempt resumes from a spoiled checkpoint: corrupt (its step restored,
-    its loss back at the start) or old (two checkpoints before its last)."""
+    its loss back at the start) or old (older than its newest now)."""
     s = manage.spoil_checkpoint(cfg, job_id, kind)  # type: ignore[arg-type]
     click.echo(f"job {job_id}'s attempt {s.attempt} will resume from a {s.kind} checkpoint")
 

@@ -51,15 +51,17 @@ class JobFault(BaseModel):
 
 
 # What a spoiled checkpoint does to the attempt that loads it: `corrupt` restores the step but
-# not the weights (its loss is back where training began), `old` loads the one two before the
-# last (a job whose newer checkpoints did not save; none, when it has fewer): two, so that it
-# is older than the last one slurmedic saw, even if a checkpoint was written after its read.
+# not the weights (its loss is back where training began), `old` loads the newest checkpoint
+# written before the spoil was injected (a job whose newer checkpoints did not save; none, when
+# it had none): older than any slurmedic can have seen by the time the job fails, however long
+# the job trained on after its last read.
 SpoilKind = Literal["corrupt", "old"]
 
 
 class Spoiled(BaseModel):
     attempt: int = Field(ge=0)  # the attempt that resumes from it
     kind: SpoilKind
+    before: int | None = Field(default=None, ge=0)  # `old`: a checkpoint before this step
 
 
 class JobControl(BaseModel):
@@ -70,8 +72,8 @@ class JobControl(BaseModel):
         mine = [f for f in self.faults if f.rank == rank and f.attempt == attempt]
         return mine[-1] if mine else None
 
-    def spoiled_for(self, attempt: int) -> SpoilKind | None:
-        mine = [s.kind for s in self.spoiled if s.attempt == attempt]
+    def spoiled_for(self, attempt: int) -> Spoiled | None:
+        mine = [s for s in self.spoiled if s.attempt == attempt]
         return mine[-1] if mine else None
 
 

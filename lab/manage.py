@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -348,7 +349,15 @@ def inject_job(
 def spoil_checkpoint(cfg: LabConfig, job_id: int, kind: SpoilKind) -> Spoiled:
     """The running job's next attempt resumes from a spoiled checkpoint (lab/faults.py)."""
     _, attempt = running_job(cfg, job_id)
-    spoiled = Spoiled(attempt=attempt + 1, kind=kind)
+    # `old`: older than the newest checkpoint the job has written so far (its shards say),
+    # which slurmedic will have seen by the time the job fails.
+    written = [
+        int(step)
+        for shard in (cfg.jobs / str(job_id) / "ckpt").glob("rank*.json")
+        for step, _ in json.loads(shard.read_text()).get("kept", [])
+    ]
+    before = max(written, default=0) if kind == "old" else None
+    spoiled = Spoiled(attempt=attempt + 1, kind=kind, before=before)
     add_spoiled(control_path(cfg.jobs, job_id), spoiled)
     return spoiled
 

@@ -26,7 +26,7 @@ from lab.config import LabConfig
 from lab.faults import JobFault, control_path, load_job_control, write_json
 
 BARRIER_POLL_S = 0.05
-KEEP_CHECKPOINTS = 5  # each rank's last checkpoints, as a job keeps a few to fall back on
+KEEP_CHECKPOINTS = 1000  # each rank's last checkpoints (a few bytes each), to fall back on
 
 
 def glog_stamp(level: str = "E") -> str:
@@ -70,13 +70,14 @@ class Rank:
             except (OSError, ValueError, KeyError, TypeError):
                 return 0, None, 0
         complete = sorted(set.intersection(*(set(s for s, _ in k) for k in kept)))
-        if spoiled == "old":
-            complete = complete[:-2]
+        if spoiled is not None and spoiled.kind == "old":
+            complete = [c for c in complete if c < (spoiled.before or 0)]
         if not complete:
             return 0, None, 0
         step = complete[-1]
         written = min(t for k in kept for s, t in k if s == step)
-        return int(step), written, 0 if spoiled == "corrupt" else int(step)
+        corrupt = spoiled is not None and spoiled.kind == "corrupt"
+        return int(step), written, 0 if corrupt else int(step)
 
     def save_checkpoint(self, step: int) -> None:
         path = self.ckpt_dir / f"rank{self.rank}.json"

@@ -261,7 +261,7 @@ def test_a_resume_from_an_older_checkpoint_is_recovered_with_the_work_it_lost(
     r = spoiled_recovery(lab_cfg, enforce, submit, "old")
     assert r.state == "recovered", r.reason
     assert r.checkpoint_step is not None and r.failed_step is not None
-    # Two checkpoints before the last (every 5 steps): more steps lost than a sound resume.
+    # A checkpoint older than the last it wrote before the fault: more lost than a sound resume.
     assert r.resume_step is not None and r.resume_step < r.checkpoint_step, r.reason
     assert r.lost_steps == r.failed_step - r.resume_step
     assert r.lost_seconds is not None and r.lost_seconds > 0
