@@ -166,6 +166,17 @@ def test_a_resume_from_an_older_checkpoint_is_recovered_with_the_work_it_lost() 
     )
 
 
+def test_work_lost_at_a_checkpoint_is_timed_at_the_successor_s_pace() -> None:
+    # The failed attempt stopped right at its checkpoint (step 100): its own pace is unknown.
+    at_checkpoint = replace(
+        ASSESSED, point=FailurePoint(step=100, checkpoint_step=100, work_lost_seconds=0)
+    )
+    start = at_checkpoint.requeued_at.timestamp() + 30
+    ranks = [RankProgress(0, 1, step=101, step_at=start + 42, started_at=start, resume_step=80)]
+    v = judge(at_checkpoint, ranks, job(), at(95), VERIFY)
+    assert v.resume is not None and (v.resume.lost_steps, v.resume.lost_seconds) == (20, 40)
+
+
 def test_a_successor_whose_quality_jumped_back_is_not_recovered_and_goes_to_its_owner() -> None:
     # A corrupt checkpoint: the step was restored, the weights were not; the loss is back
     # where training began.

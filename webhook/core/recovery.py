@@ -163,6 +163,18 @@ class Resume:
         return "; ".join(parts)
 
 
+def _pace(ranks: list[RankProgress]) -> float | None:
+    """Seconds a step, from how far the successor got since its start (its load included, so a
+    little high): the failed attempt's pace is unknown when it failed right at a checkpoint."""
+    paces = []
+    for r in ranks:
+        if r.step is None or r.step_at is None or r.started_at is None or r.resume_step is None:
+            continue
+        if r.step > r.resume_step:
+            paces.append((r.step_at - r.started_at) / (r.step - r.resume_step))
+    return max(paces) if paces else None
+
+
 def resume_of(watch: Watch, successor: list[RankProgress]) -> Resume:
     """The successor's resume, from its ranks' latest pushes and the failed attempt's point."""
     point = watch.point
@@ -173,7 +185,7 @@ def resume_of(watch: Watch, successor: list[RankProgress]) -> Resume:
         lost_steps = max(point.step - step, 0.0)
         if step == point.checkpoint_step:
             lost_seconds = point.work_lost_seconds
-        elif (pace := point.seconds_per_step()) is not None:
+        elif (pace := point.seconds_per_step() or _pace(successor)) is not None:
             lost_seconds = lost_steps * pace
     starts = [r.started_at for r in successor if r.started_at is not None]
     start_seconds = min(starts) - watch.requeued_at.timestamp() if starts else None
