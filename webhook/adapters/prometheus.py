@@ -141,7 +141,7 @@ class Prometheus:
                 if rule.get("type") == "alerting"
             ]
             for group, rule in rules:  # what the callers read, checked once
-                float(group["interval"]), str(rule["name"]), float(rule.get("duration") or 0)
+                _ = (float(group["interval"]), rule["name"], float(rule.get("duration") or 0))
             return rules
         except (KeyError, TypeError, ValueError) as e:
             raise PrometheusError(f"{self.url}: /api/v1/rules: not the API's answer ({e!r})") from e

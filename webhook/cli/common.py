@@ -7,12 +7,14 @@ import csv
 import io
 import json
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
 
+from webhook.core import durations
 from webhook.core.policy import Policy, PolicyError, load_policy
 from webhook.files import FileError, load_mapping
 from webhook.ledger.schema import DecisionRow
@@ -103,3 +105,11 @@ def decision_table(title: str, rows: Sequence[DecisionRow], last: str = "state")
             getattr(r, last) or "",
         )
     return t
+
+
+def duration(_ctx: click.Context, _param: click.Parameter, value: str) -> timedelta:
+    """A click callback: a Prometheus duration (`90s`, `7d`), or a clear error naming it."""
+    try:
+        return durations.parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e

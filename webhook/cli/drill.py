@@ -17,20 +17,13 @@ from typing import Any
 import click
 
 from webhook.adapters.prometheus import Prometheus, PrometheusError
-from webhook.cli.common import config_of, config_option, ledger_of
-from webhook.core import drills, durations
+from webhook.cli.common import config_of, config_option, duration, ledger_of
+from webhook.core import drills
 from webhook.core.patterns import NODE_NAME
 from webhook.ledger.drills import Drill
 
 # How far back the job's checkpoints are read to learn its interval.
 CHECKPOINTS_WINDOW = timedelta(hours=24)
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: str) -> timedelta:
-    try:
-        return durations.parse(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from e
 
 
 @click.command()
@@ -49,7 +42,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> timedel
     "--margin",
     default="30s",
     show_default=True,
-    callback=_duration,
+    callback=duration,
     help="With --before-checkpoint: this long before the checkpoint is due.",
 )
 @click.option("--by", help="Who asks (default: your user name).")

@@ -10,17 +10,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from webhook.cli.common import config_option, ledger_of
+from webhook.cli.common import config_option, duration, ledger_of
 from webhook.core import durations
 from webhook.core.failures import NodeRecord
 from webhook.ledger.review import node_records
-
-
-def _since(_ctx: click.Context, _param: click.Parameter, value: str) -> timedelta:
-    try:
-        return durations.parse(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from e
 
 
 def _json(r: NodeRecord) -> dict[str, object]:
@@ -45,7 +38,7 @@ def _json(r: NodeRecord) -> dict[str, object]:
     "period",
     default="30d",
     show_default=True,
-    callback=_since,
+    callback=duration,
     help="How far back to look (a duration: 7d, 12h).",
 )
 @click.option("--json", "as_json", is_flag=True)

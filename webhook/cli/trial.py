@@ -11,7 +11,6 @@ from webhook.adapters.prometheus import Prometheus
 from webhook.cli.common import config_of, config_option, ledger_of, render_report
 from webhook.core import durations, trial
 from webhook.ledger.review import trial_rows
-from webhook.ledger.trial_drills import trial_drills
 from webhook.rules.delays import delays_for, rule_delays
 from webhook.rules.render import RulesError, RuleSource
 
@@ -87,7 +86,7 @@ def report(
         raise click.BadParameter(f"{until_!r} is not after --since", param_hint="--until")
     ledger = ledger_of(config_path)
     rows = trial_rows(ledger, start, end)
-    drilled = trial_drills(ledger, start, end)
+    drilled = [d.as_trial() for d in ledger.drills.between(start, end)]
     if rules_config is not None:
         try:
             delays, source = rule_delays(RuleSource(config_file=rules_config)), str(rules_config)

@@ -76,7 +76,7 @@ def plan(request: Request, view: ClusterView, policy: Policy, now: datetime) -> 
 
 
 def _allowed(job: Job, policy: Policy) -> None:
-    if policy.scope.partitions and job.partition not in policy.scope.partitions:
+    if not policy.in_scope(job.partition):
         raise Refused(f"job {job.id} is outside the policy's partitions")
     if not job.requeue:
         raise Refused(f"job {job.id} was submitted with --no-requeue")

@@ -111,10 +111,6 @@ def _give_up(d: Decision, guard: str, why: str) -> Outcome:
     return Outcome((replace(base, action="stop"), replace(base, action="escalate")))
 
 
-def _in_scope(policy: Policy, partition: str | None) -> bool:
-    return not policy.scope.partitions or partition in policy.scope.partitions
-
-
 def _ended_by_choice(job: Job) -> tuple[str, str] | None:
     """(guard, why) for a job that completed or that someone ended: scancel, a time limit, a
     deadline, a preemption. Its alerts that outlive it (its progress stops, its ranks time out)
@@ -218,7 +214,7 @@ def scope(d: Decision, ctx: Context) -> Outcome:
     """The policy's partitions: a job outside them is not touched; a drain keeps the nodes of
     the cluster inside them (a node serving several partitions is in when one of them is)."""
     if _planned(d, "requeue", "stop") and ctx.job is not None:
-        if not _in_scope(ctx.policy, ctx.job.partition):
+        if not ctx.policy.in_scope(ctx.job.partition):
             why = f"job {ctx.job.id} is outside the policy's partitions"
             return _refuse(d, "out_of_scope", why, ctx)
     elif _planned(d, "drain"):
@@ -226,7 +222,7 @@ def scope(d: Decision, ctx: Context) -> Outcome:
             n
             for n in d.nodes
             if n in ctx.view.nodes
-            and any(_in_scope(ctx.policy, p) for p in ctx.view.nodes[n].partitions)
+            and any(ctx.policy.in_scope(p) for p in ctx.view.nodes[n].partitions)
         )
         if not nodes:
             why = f"{names(d.nodes)} is outside the policy's partitions"

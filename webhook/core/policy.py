@@ -318,6 +318,10 @@ class Policy(_Strict):
                 )
         return self
 
+    def in_scope(self, partition: str | None) -> bool:
+        """Whether the policy's partitions take in `partition` (none given: every one)."""
+        return not self.scope.partitions or partition in self.scope.partitions
+
     def mode_of(self, action: str, partition: str | None = None, cause: str | None = None) -> Mode:
         """The most specific mode: the partition's for the action and cause, for the action,
         the partition's; then the policy's for the action and cause, for the action, the

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from webhook.core.decisions import Decision
 from webhook.core.drills import Request
 from webhook.core.lifecycle import APPROVED, AWAITING_APPROVAL, EXECUTED, PENDING, RUNNING
-from webhook.core.trial import drill_outcome
+from webhook.core.trial import Drilled, drill_outcome
 from webhook.ledger.schema import DecisionRow, DrillRow, RecoveryRow
 
 ASKED, DECIDED, REFUSED = "asked", "decided", "refused"
@@ -47,6 +47,21 @@ class Drill:
         """passed, failed, watching...: webhook/core/trial.py drill_outcome."""
         return drill_outcome(
             self.state, None if self.recovery is None else self.recovery.state, self.run_state
+        )
+
+    def as_trial(self) -> Drilled:
+        """The drill as the trial report lists it: plain data for the pure core."""
+        r = self.recovery
+        return Drilled(
+            id=self.id,
+            job=self.job,
+            at=self.asked_at,
+            by=self.by,
+            outcome=self.outcome,
+            reason=self.reason if r is None else r.reason,
+            lost_steps=None if r is None else r.lost_steps,
+            lost_seconds=None if r is None else r.lost_seconds,
+            start_seconds=None if r is None else r.start_seconds,
         )
 
 

@@ -42,7 +42,6 @@ from webhook.ledger import review
 from webhook.ledger.schema import DecisionEvent, DecisionRow
 from webhook.ledger.settings import Breaker, CorruptSetting, Modes, S, Switch, Unmatched
 from webhook.ledger.store import Ledger, _utc, last_dry_run
-from webhook.ledger.trial_drills import trial_drills
 from webhook.rules.delays import delays_for
 
 console = Blueprint(
@@ -245,7 +244,7 @@ def trial_report() -> Any:
     until = now()
     since = until - timedelta(days=int(days))
     rows = review.trial_rows(ledger(), since, until)
-    drilled = trial_drills(ledger(), since, until)
+    drilled = [d.as_trial() for d in ledger().drills.between(since, until)]
     url = _prometheus_url()
     delays, source = delays_for(Prometheus(url, timeout=3, retries=0) if url else None)
     return render_template(
