@@ -120,10 +120,10 @@ def test_an_action_s_mode_may_depend_on_its_cause_and_partition() -> None:
     [
         ({"mode": "yolo"}, "mode: Input should be"),
         ({"causes": {"cosmic_rays": {"requeue": "enforce"}}}, "causes.cosmic_rays"),
-        ({"causes": {"degraded": {"reboot": "enforce"}}}, "causes.degraded.reboot"),
+        ({"causes": {"degraded": {"reflash": "enforce"}}}, "causes.degraded.reflash"),
         ({"breaker": {"max_fractoin": 1}}, "breaker.max_fractoin: unknown key"),
         ({"retry_budget": {"window": "soon"}}, "retry_budget.window: 'soon' is not a duration"),
-        ({"actions": {"reboot": "enforce"}}, "actions.reboot"),
+        ({"actions": {"reflash": "enforce"}}, "actions.reflash"),
     ],
 )
 def test_bad_policy_names_the_key(data: dict[str, object], message: str) -> None:

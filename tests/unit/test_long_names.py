@@ -48,11 +48,13 @@ def test_the_names_are_as_long_as_the_tests_say() -> None:
 
 def test_each_bound_follows_from_the_node_name_s() -> None:
     assert longest(NODE_NAME) == HOST_NAME_MAX
-    # The longest key a playbook sees: an idle node's n-th failure.
-    node_key = len(f"node:{'a' * HOST_NAME_MAX}:{COUNT_MAX}")
-    assert node_key == 76
+    # The longest key a playbook sees: a node's n-th repair.
+    node_key = len(f"repair:{'a' * HOST_NAME_MAX}:{COUNT_MAX}")
+    assert node_key == 78 == len(str(IncidentKey.repairing("a" * HOST_NAME_MAX, COUNT_MAX)))
     assert longest(INCIDENT) == node_key
-    # Every other kind is shorter: a job attempt's and a recovery check's.
+    # Every other kind is shorter: an idle node's n-th failure, a job attempt's, a recovery
+    # check's.
+    assert len(str(IncidentKey.of_node("a" * HOST_NAME_MAX, COUNT_MAX))) < node_key
     assert len(str(IncidentKey.verifying(9_999_999_999, COUNT_MAX))) < node_key
     # A drain reason: the prefix, the longest key, the longest cause, and room to spare ...
     cause = max(len(c) for c in CAUSES)
@@ -67,7 +69,7 @@ def test_each_bound_follows_from_the_node_name_s() -> None:
 
 def test_the_vars_file_says_why() -> None:
     text = playbook_vars_file().read_text()
-    assert "HOST_NAME_MAX" in text and "`node:` (5) + a" in text and "tinytext" in text
+    assert "HOST_NAME_MAX" in text and "`repair:` (7) + a node" in text and "tinytext" in text
 
 
 @pytest.mark.parametrize(
@@ -160,13 +162,17 @@ def test_a_65_character_name_is_still_refused_everywhere() -> None:
         IncidentKey.of_node(N65)
     with pytest.raises(BadIncidentKey):
         IncidentKey.parse(f"node:{N65}:2")
+    with pytest.raises(BadIncidentKey):
+        IncidentKey.repairing(N65)
+    with pytest.raises(BadIncidentKey):
+        IncidentKey.parse(f"repair:{N65}:2")
     with pytest.raises(ValidationError):
         DrainVars(slurmedic_nodes=[N65], slurmedic_reason="slurmedic: 7.0 gpu_hardware")
     with pytest.raises(ValidationError):
         DiagnosticsVars(slurmedic_nodes=[N65], slurmedic_incident="7.0")
     # A key or a reason one character past its bound.
     with pytest.raises(ValidationError):
-        DiagnosticsVars(slurmedic_nodes=[N64], slurmedic_incident=f"node:{N64}:1234567")
+        DiagnosticsVars(slurmedic_nodes=[N64], slurmedic_incident=f"repair:{N64}:1234567")
     with pytest.raises(ValidationError):
         DrainVars(slurmedic_nodes=[N64], slurmedic_reason="slurmedic: " + "a" * 161)
 
@@ -201,9 +207,9 @@ def test_a_resume_too_long_to_list_keeps_a_short_unique_readable_key() -> None:
 
 
 def test_diagnostics_of_a_long_name_fit_the_file_system(tmp_path: Path) -> None:
-    """`<artifacts>/<incident>/<node>/<file>`: each part at most 76 or 64 bytes, far below
+    """`<artifacts>/<incident>/<node>/<file>`: each part at most 78 or 64 bytes, far below
     NAME_MAX (255)."""
-    incident = str(IncidentKey.of_node(N64, COUNT_MAX))
+    incident = str(IncidentKey.repairing(N64, COUNT_MAX))
     ok = {"rc": "0", "stdout": "<nvidia_smi_log><attached_gpus>0</attached_gpus></nvidia_smi_log>"}
     result = RunResult("collect_diagnostics", True, "successful", 0)
     result.diagnostics = {N64: {"node": N64, "nvidia_smi": ok, "dmesg": ok, "slurmd_log": ok}}
@@ -216,4 +222,4 @@ def test_diagnostics_of_a_long_name_fit_the_file_system(tmp_path: Path) -> None:
         "slurmd.log",
         "summary.txt",
     ]
-    assert max(len(part.encode()) for part in folder.relative_to(tmp_path).parts) <= 76
+    assert max(len(part.encode()) for part in folder.relative_to(tmp_path).parts) <= 78

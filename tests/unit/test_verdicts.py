@@ -24,7 +24,7 @@ def test_the_alternatives_are_their_own_and_each_says_what_it_means() -> None:
 @pytest.mark.parametrize(
     ("fields", "error"),
     [
-        ({"verdict": "disagree", "would": "reboot"}, "would: Input should be 'drain'"),
+        ({"verdict": "disagree", "would": "reflash"}, "would: Input should be 'drain'"),
         ({"verdict": "disagree"}, "would: a disagreement names the action"),
         ({"verdict": "agree", "would": "wait"}, "would: only a disagreement names another"),
         ({"verdict": "maybe"}, "verdict: Input should be 'agree'"),

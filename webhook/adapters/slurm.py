@@ -35,6 +35,8 @@ TIMEOUT_S = 10.0
 # scontrol's --json arrived in 23.02.
 SCONTROL_JSON_SINCE = (23, 2)
 
+# The flags of a node whose reboot Slurm holds: asked for (ASAP waits for its jobs), issued.
+REBOOTING = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
 # Slurm's node base states (the rest of a state list are flags).
 NODE_BASE_STATES = {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"}
 # The order in which Slurm's job_state_string() names a job's state when flags are set: the
@@ -427,6 +429,7 @@ def build_view(snap: SlurmSnapshot) -> ClusterView:
             other_partitions=tuple(parts[1:]),
             status=n.state_long,
             gpus=n.gpus,
+            rebooting=bool(n.flags & REBOOTING),
         )
     for j in snap.jobs:
         view.set_job(j)

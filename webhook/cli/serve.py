@@ -303,6 +303,7 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
                 else None,
                 group=group,
                 fence=fence.path,
+                repairs=policy.repairs,
             )
         verifier = None
         if config.verification.prometheus_url:

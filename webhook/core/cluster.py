@@ -72,6 +72,8 @@ class Node:
     # GPUs the node has (its `gpu` gres); 0 when Slurm names none. What a drain takes out of
     # service, and what a job on the node holds.
     gpus: int = 0
+    # Slurm holds a reboot of it (asked for, or under way): it has not registered since.
+    rebooting: bool = False
 
     @property
     def partitions(self) -> tuple[str, ...]:

@@ -48,6 +48,7 @@ FAULT_CAUSES = frozenset({"gpu_hardware", "node_failure", "network", "degraded"}
 CLUSTER_CAUSES = frozenset({*DRAIN_CAUSES, SHARED})
 SCHEDULER_ACTIONS = frozenset({"drain", "requeue", "stop", "resume"})  # the ones that change Slurm
 JOB_ACTIONS = frozenset({"requeue", "stop"})  # the ones that interrupt a job
+NODE_REPAIRS = frozenset({"reset_gpu", "reboot"})  # the repairs that change a node
 # Causes that blame nobody: a job that died of them is requeued once, then given to a human.
 BLAMELESS = frozenset({"unknown", "hang"})
 
@@ -557,7 +558,7 @@ def initial_state(action: str, mode: str) -> State:
     is carried out at once, as in enforce mode."""
     if action == "none":
         return RECORDED
-    if mode == "approve" and action not in SCHEDULER_ACTIONS:
+    if mode == "approve" and action not in SCHEDULER_ACTIONS | NODE_REPAIRS:
         return PENDING
     return INITIAL[mode]
 

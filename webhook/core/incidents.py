@@ -3,13 +3,14 @@
 An incident is one failure of one job attempt (`1001.0`: job 1001, restart count 0), the n-th
 failure of an idle node (`node:gpu02`, then `node:gpu02:2`, ...), the verifier's judgement of a
 requeued attempt (`verify:1001.0`), an operator's recovery drill of an attempt (`drill:1001.0`),
-or a human's return of nodes to service (`resume:gpu[01-02]`).
+the n-th repair of a node slurmedic drained (`repair:gpu02`, then `repair:gpu02:2`, ...), or a
+human's return of nodes to service (`resume:gpu[01-02]`).
 The key reaches Slurm in a drain reason (`slurmedic: node:gpu02:2 gpu_hardware`, built here:
 `drain_reason`), so every key a drain can carry is made of characters a reason may hold:
 letters, digits and `:._-` (a resume's `[],+` never reach a reason: nothing drains for one).
 
 Lengths: a node name is at most 64 characters (HOST_NAME_MAX), so the longest key a playbook
-sees is an idle node's n-th failure, `node:` + 64 + `:` + 6 digits = 76, the bound of the
+sees is a node's n-th repair, `repair:` + 64 + `:` + 6 digits = 78, the bound of the
 playbooks' incident pattern (playbooks/vars/slurmedic.yml says how each bound follows from the
 last). A resume's key is kept within MAX_LEN, what the ledger's columns hold.
 
@@ -28,17 +29,19 @@ import hostlist
 
 from webhook.core.patterns import DRAIN_REASON, NODE_NAME
 
-Kind = Literal["attempt", "node", "verify", "drill", "resume"]
+Kind = Literal["attempt", "node", "verify", "drill", "repair", "resume"]
 _ATTEMPT = re.compile(r"^([0-9]{1,10})\.([0-9]{1,6})\Z")  # \Z: no trailing newline
 # A node name holds no `:` or `#`; what it may hold is NODE_NAME's to say (of_node checks).
 _NODE = re.compile(r"^node:([^:#\n]+)(?:[:#]([0-9]{1,6}))?\Z")
+_REPAIR = re.compile(r"^repair:([^:#\n]+)(?::([0-9]{1,6}))?\Z")
 # The longest key of any kind, what the ledger's incident columns hold (webhook/ledger/schema.py):
-# the playbooks' 76 (a node's failure) and a resume of many long names (at most 82 + the digits
+# the playbooks' 78 (a node's repair) and a resume of many long names (at most 82 + the digits
 # of its count, below).
 MAX_LEN = 128
 VERIFY = "verify:"  # the prefix of the verifier's keys (the ledger selects them by it)
 RESUME = "resume:"  # the prefix of a human's resumes (`slurmedic resume`)
 DRILL = "drill:"  # the prefix of an operator's recovery drills (`slurmedic drill`)
+REPAIR = "repair:"  # the prefix of the repairs of nodes slurmedic drained
 REASON = "slurmedic: "  # how a drain's reason starts: the nodes slurmedic drained, and may resume
 
 
@@ -52,7 +55,7 @@ class IncidentKey:
     job: int | None = None
     attempt: int | None = None
     node: str | None = None
-    seq: int = 1  # the n-th failure of an idle node
+    seq: int = 1  # the n-th failure of an idle node, the n-th repair of a node
     nodes: tuple[str, ...] = ()  # resume
 
     # ---- constructors ------------------------------------------------------------------
@@ -75,6 +78,12 @@ class IncidentKey:
         return cls("drill", job=job, attempt=attempt)
 
     @classmethod
+    def repairing(cls, node: str, seq: int = 1) -> IncidentKey:
+        if not NODE_NAME.match(node):
+            raise BadIncidentKey(f"{node[:80]!r} is not a node name")
+        return cls("repair", node=node, seq=seq)
+
+    @classmethod
     def resuming(cls, nodes: tuple[str, ...]) -> IncidentKey:
         return cls("resume", nodes=tuple(sorted(set(nodes))))
 
@@ -86,8 +95,9 @@ class IncidentKey:
             return f"{VERIFY}{self.job}.{self.attempt}"
         if self.kind == "drill":
             return f"{DRILL}{self.job}.{self.attempt}"
-        if self.kind == "node":
-            return f"node:{self.node}" if self.seq == 1 else f"node:{self.node}:{self.seq}"
+        if self.kind in ("node", "repair"):
+            prefix = REPAIR if self.kind == "repair" else "node:"
+            return f"{prefix}{self.node}" if self.seq == 1 else f"{prefix}{self.node}:{self.seq}"
         key = f"{RESUME}{hostlist.collect_hostlist(list(self.nodes))}"
         if len(key) <= MAX_LEN:
             return key
@@ -106,6 +116,8 @@ class IncidentKey:
             return cls.drilling(int(m[1]), int(m[2]))
         if m := _NODE.match(text):
             return cls.of_node(m[1], int(m[2] or 1))
+        if m := _REPAIR.match(text):
+            return cls.repairing(m[1], int(m[2] or 1))
         if text.startswith(RESUME):
             rest = text.removeprefix(RESUME)
             try:

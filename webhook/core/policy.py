@@ -25,7 +25,9 @@ from webhook.core.node_names import NodeNames
 from webhook.core.validation import describe
 
 Mode = Literal["monitor", "approve", "enforce"]
-Action = Literal["drain", "requeue", "stop", "escalate", "resume", "none"]
+Action = Literal[
+    "drain", "requeue", "stop", "escalate", "resume", "none", "reset_gpu", "reboot", "health_check"
+]
 # The cause vocabulary (docs/operations.md); the signals point to the hardware ones (signals.py).
 Cause = Literal[
     "gpu_hardware",
@@ -170,6 +172,27 @@ class Slowdown(_Strict):
     checkpoint_margin: Duration = timedelta(minutes=2)
 
 
+class Repairs(_Strict):
+    """The repair of nodes slurmedic drained (webhook.core.repairs): a GPU reset or a reboot, the
+    health check, then back to service. Each step takes the mode of its action (`reset_gpu`,
+    `reboot`, `health_check`, `resume`) like every action."""
+
+    enabled: bool = True
+    # At most this many repairs of one node within repeats.window: past it the node goes to a
+    # person for replacement (no reset or reboot loops).
+    budget: int = Field(default=2, ge=1)
+    # Nodes in repair at once (reset, reboot, check, resume under way); the rest wait their turn.
+    max_in_repair: int = Field(default=8, ge=1)
+    # A rebooted node that has not registered again by then goes to a person.
+    reboot_timeout: Duration = timedelta(minutes=30)
+    # The site's health check, run on the node after its repair (exit 0: healthy): DCGM's
+    # medium diagnostics by default; NHC or any command. An inventory host var
+    # `slurmedic_health_check` overrides it per node.
+    health_check: list[str] = Field(default=["dcgmi", "diag", "-r", "2"], min_length=1)
+    # How long the health check may run.
+    health_check_timeout: Duration = timedelta(minutes=30)
+
+
 QualityBetter = Literal["lower", "higher"]
 
 
@@ -254,6 +277,7 @@ class Policy(_Strict):
     slowdown: Slowdown = Slowdown()
     verify: Verify = Verify()
     drills: Drills = Drills()
+    repairs: Repairs = Repairs()
     # A decision waiting for approval longer than this expires (state `expired`): it was made on
     # a view of the cluster that has moved on, and a human approving it hours later would act on
     # that old view. The job's next failure is decided anew.

@@ -48,6 +48,7 @@ from webhook.core.lifecycle import (
     IllegalTransition,
 )
 from webhook.core.outcome import drain_mismatch, requeue_mismatch
+from webhook.core.policy import Repairs
 from webhook.executor.cgroup import RunGroup
 from webhook.executor.diagnostics import keep
 from webhook.executor.runner import INVENTORY, CannotRun, RunResult, run_playbook
@@ -66,9 +67,25 @@ TRANSIENT = re.compile(
 )
 
 
-def playbook_for(row: DecisionRow) -> tuple[str, dict[str, Any]] | None:
-    """The playbook and extra vars that carry out a decision (None: nothing to run)."""
+def playbook_for(
+    row: DecisionRow, repairs: Repairs | None = None
+) -> tuple[str, dict[str, Any]] | None:
+    """The playbook and extra vars that carry out a decision (None: nothing to run); `repairs`:
+    the policy's, for a health check's command."""
     attempt = attempt_of(row.incident) if row.job is not None else 0
+    if row.action == "reset_gpu":
+        return "reset_gpu", {"slurmedic_nodes": row.nodes, "slurmedic_incident": row.incident}
+    if row.action == "reboot":
+        reason = drain_reason(row.incident, "reboot")
+        return "reboot_nodes", {"slurmedic_nodes": row.nodes, "slurmedic_reason": reason}
+    if row.action == "health_check":
+        repairs = repairs or Repairs()
+        return "health_check", {
+            "slurmedic_nodes": row.nodes,
+            "slurmedic_incident": row.incident,
+            "slurmedic_health_check": list(repairs.health_check),
+            "slurmedic_probe_timeout": int(repairs.health_check_timeout.total_seconds()),
+        }
     if row.action == "drain":
         reason = drain_reason(row.incident, row.cause, row.note or "")
         return "drain_nodes", {"slurmedic_nodes": row.nodes, "slurmedic_reason": reason}
@@ -114,7 +131,9 @@ class Dispatcher:
         backoff: float = 1.0,
         group: RunGroup | None = None,
         fence: Path | None = None,
+        repairs: Repairs | None = None,
     ) -> None:
+        self.repairs = repairs or Repairs()  # the policy's: a health check's command, timeout
         self.fence = fence  # the replica's fence file; None: acts are not fenced
         self.backoff = backoff  # seconds before the first retry; doubling after
         self.group = group  # the runs' cgroup (webhook/executor/cgroup.py); None: the loop's
@@ -248,7 +267,7 @@ class Dispatcher:
         return True
 
     def _run_one(self, row: DecisionRow) -> bool:
-        target = playbook_for(row)
+        target = playbook_for(row, self.repairs)
         monitor = row.mode == "monitor" or self.force_monitor()
         if row.state == AWAITING_APPROVAL and not monitor:
             if target is not None:
@@ -280,8 +299,14 @@ class Dispatcher:
             return True  # superseded before it ran: nothing to do, nothing failed
         if monitor and self._current(row) not in (RECORDED, PENDING, APPROVED):
             return True  # superseded (or moved on) before its dry run
+        # A health check runs as long as the policy lets it (and its playbook's own steps).
+        timeout = (
+            int(self.repairs.health_check_timeout.total_seconds()) + self.timeout
+            if row.action == "health_check"
+            else None
+        )
         try:
-            result = self._run(name, evars, check=monitor)
+            result = self._run(name, evars, check=monitor, timeout=timeout)
         except ValidationError as e:
             self._move(row, FAILED, {"by": "executor", "error": str(e)[:500]})
             return False
@@ -338,7 +363,9 @@ class Dispatcher:
             log.exception("decision %s: its state could not be read", row.id)
             return False
 
-    def _run(self, name: str, evars: dict[str, Any], *, check: bool) -> RunResult:
+    def _run(
+        self, name: str, evars: dict[str, Any], *, check: bool, timeout: int | None = None
+    ) -> RunResult:
         def transient(r: RunResult) -> bool:
             return not r.ok and (r.fenced or bool(TRANSIENT.search(r.output)))
 
@@ -353,7 +380,7 @@ class Dispatcher:
                 evars,
                 check=check,
                 inventory=self.inventory,
-                timeout=self.timeout,
+                timeout=timeout or self.timeout,
                 group=self.group,
             )
             attempts.append(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -18,7 +18,7 @@ from webhook.core.decisions import Decision
 from webhook.core.drills import Request
 from webhook.core.lifecycle import APPROVED, AWAITING_APPROVAL, EXECUTED, PENDING, RUNNING
 from webhook.core.trial import Drilled, drill_outcome
-from webhook.ledger.schema import DecisionRow, DrillRow, RecoveryRow
+from webhook.ledger.schema import DecisionRow, DrillRow, RecoveryRow, utc
 
 ASKED, DECIDED, REFUSED = "asked", "decided", "refused"
 # A drill's requeue in these states interrupts its job, or is about to (monitor mode's record,
@@ -65,10 +65,6 @@ class Drill:
         )
 
 
-def _utc(at: datetime) -> datetime:
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
-
-
 class Drills:
     def __init__(self, session: sessionmaker[Session]) -> None:
         self.session = session
@@ -91,7 +87,7 @@ class Drills:
                 .where(DrillRow.state == ASKED, DrillRow.not_before <= now)
                 .order_by(DrillRow.id)
             ).all()
-            return [Request(r.id, r.job, r.by, _utc(r.asked_at), r.exclude) for r in rows]
+            return [Request(r.id, r.job, r.by, utc(r.asked_at), r.exclude) for r in rows]
 
     def settle(
         self,
@@ -195,8 +191,8 @@ class Drills:
                 id=r.id,
                 job=r.job,
                 by=r.by,
-                asked_at=_utc(r.asked_at),
-                not_before=_utc(r.not_before),
+                asked_at=utc(r.asked_at),
+                not_before=utc(r.not_before),
                 state=r.state,
                 reason=r.reason,
                 incident=r.incident,

@@ -36,9 +36,10 @@ from webhook.ledger.schema import (
     IncidentRow,
     RecoveryRow,
     VerdictRow,
+    utc,
 )
 from webhook.ledger.settings import Modes
-from webhook.ledger.store import Ledger, _utc
+from webhook.ledger.store import Ledger
 
 
 @dataclass(frozen=True)
@@ -245,13 +246,13 @@ def needs_human(ledger: Ledger, since: datetime) -> list[Open]:
             .order_by(DecisionEvent.id)
         ):  # fmt: skip
             if state == EXECUTED:
-                ran[decision_id] = _utc(at)
+                ran[decision_id] = utc(at)
             elif isinstance(detail, dict) and (o := Owner.from_json(detail.get("owner"))):
                 owners[decision_id] = o
         return [
             Open(
                 r.id, r.incident, r.job, r.action, r.cause, r.guard, r.state, r.reason,
-                ran.get(r.id, _utc(r.at)) if r.action == "stop" else _utc(r.at), r.mismatch,
+                ran.get(r.id, utc(r.at)) if r.action == "stop" else utc(r.at), r.mismatch,
                 partition=r.partition, owner=owners.get(r.id),
             )
             for r in rows
@@ -304,7 +305,7 @@ def trial_rows(ledger: Ledger, since: datetime, until: datetime) -> list[Judged]
             Judged(
                 decision_id=d.id,
                 incident=d.incident,
-                at=_utc(d.at),
+                at=utc(d.at),
                 action=d.action,
                 cause=d.cause,
                 mode=d.mode,
@@ -312,7 +313,7 @@ def trial_rows(ledger: Ledger, since: datetime, until: datetime) -> list[Judged]
                 partition=d.partition,
                 nodes=tuple(d.nodes),
                 job=d.job,
-                fault_at=_utc(d.fault_at) if d.fault_at else None,
+                fault_at=utc(d.fault_at) if d.fault_at else None,
                 verdict=v.verdict if v else None,
                 would=v.would if v else None,
                 note=v.note if v else "",

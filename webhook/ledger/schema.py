@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -24,6 +24,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from webhook.core.incidents import MAX_LEN, RESUME, VERIFY
 
 ONCE = f"state <> 'superseded' AND incident NOT LIKE '{VERIFY}%' AND incident NOT LIKE '{RESUME}%'"
+
+
+def utc(at: datetime) -> datetime:
+    """A time the database handed back, in UTC: SQLite keeps no zone (what was written was UTC)."""
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 class Base(DeclarativeBase):
@@ -220,6 +225,32 @@ class DrillRow(Base):
     state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     incident: Mapped[str | None] = mapped_column(String(MAX_LEN), nullable=True)
+
+
+class RepairRow(Base):
+    """The repair of a node slurmedic drained (webhook/core/repairs.py): one row per node and
+    drain, its plan and where it stands; its steps are decisions under its key
+    (`repair:<node>[:<n>]`)."""
+
+    __tablename__ = "repairs"
+    __table_args__ = (UniqueConstraint("drain", "node", name="uq_repair_drain"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(MAX_LEN), unique=True)
+    node: Mapped[str] = mapped_column(String(64), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    drain: Mapped[int] = mapped_column(ForeignKey("decisions.id"))
+    drain_incident: Mapped[str] = mapped_column(String(MAX_LEN))
+    cause: Mapped[str] = mapped_column(String(32))
+    drained_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ran: Mapped[bool] = mapped_column(Boolean)
+    alerts: Mapped[list[Any]]
+    partition: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    plan: Mapped[str] = mapped_column(String(16))
+    why: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    since: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    reason: Mapped[str] = mapped_column(Text, default="")  # why it is in its state
 
 
 class LeaseRow(Base):

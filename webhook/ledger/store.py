@@ -62,6 +62,7 @@ from webhook.core.lifecycle import (
     check,
 )
 from webhook.core.recovery import FailurePoint, Verdict, Watch
+from webhook.core.repairs import Move, Repair
 from webhook.core.shared_cause import Judgement
 from webhook.core.validation import describe
 from webhook.ledger import migrate
@@ -76,6 +77,7 @@ from webhook.ledger.figures import (
     VerdictCount,
 )
 from webhook.ledger.leases import Leases, LostLease, Term, check_term, current
+from webhook.ledger.repairs import Repairs
 from webhook.ledger.schema import (
     AlertRow,
     BacktestRow,
@@ -87,13 +89,9 @@ from webhook.ledger.schema import (
     RecoveryRow,
     SettingRow,
     VerdictRow,
+    utc,
 )
 from webhook.ledger.settings import CorruptSetting, S, Setting
-
-
-def _utc(dt: datetime) -> datetime:
-    """SQLite hands datetimes back naive; the ledger stores UTC only."""
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 def _alert_of(text: str) -> Alert:
@@ -184,6 +182,7 @@ class Ledger:
         self.session = sessionmaker(self.engine, expire_on_commit=False)
         self.leases = Leases(self.engine)
         self.drills = Drills(self.session)
+        self.repairs = Repairs(self.session)
         # The leader's term (a loop's ledger, `fenced`): while set, every decision recorded,
         # every move of one and every recovery judged succeed only as long as the term is the
         # lease's current one (LostLease). None: a human's command, the webhook.
@@ -215,6 +214,16 @@ class Ledger:
             assert decided is not None
             again = f"attempt {decided.incident} was drilled already"
             return self.drills.settle(request, None, again, record)
+
+    def save_repair(self, repair: Repair, move: Move | None, at: datetime) -> list[int]:
+        """A repair begun or moved (webhook/ledger/repairs.py), its move's decision recorded in
+        this ledger's term."""
+
+        def record(s: Session, decisions: Sequence[Decision]) -> list[int]:
+            self._in_term(s)
+            return _insert_decisions(s, decisions, {"by": "repair"})
+
+        return self.repairs.save(repair, move, at, record)
 
     def fenced(self, term: Term) -> Ledger:
         """This ledger (the same engine and sessions) writing only in `term`: what one term's
@@ -310,7 +319,7 @@ class Ledger:
                 .order_by(AlertRow.id)
                 .limit(limit)
             ).all()
-        return [(i, _utc(at), _alert_of(text)) for i, at, text in rows]
+        return [(i, utc(at), _alert_of(text)) for i, at, text in rows]
 
     def last_alert_id(self) -> int:
         with self.session() as s:
@@ -578,7 +587,7 @@ class Ledger:
                     DecisionRow.state,
                 ).where(*where)
             ).all()
-        return {i: ((incident, action, _utc(at)), state) for i, incident, action, at, state in rows}
+        return {i: ((incident, action, utc(at)), state) for i, incident, action, at, state in rows}
 
     def in_state(self, *states: str) -> list[DecisionRow]:
         with self.session() as s:
@@ -657,8 +666,8 @@ class Ledger:
                 out.append(
                     Restored(
                         key=str(parsed),
-                        opened_at=_utc(opened),
-                        decided_at=_utc(decided),
+                        opened_at=utc(opened),
+                        decided_at=utc(decided),
                         current=False,
                     )
                 )
@@ -668,8 +677,8 @@ class Ledger:
             except BadIncidentKey:
                 continue
             row, ds = rows.get(key), standing.get(key, [])
-            decided_at = _utc(row.decided_at) if row else max(_utc(d.at) for d in ds)
-            opened_at = _utc(row.opened_at) if row else decided_at
+            decided_at = utc(row.decided_at) if row else max(utc(d.at) for d in ds)
+            opened_at = utc(row.opened_at) if row else decided_at
             known = set()
             for e in row.evidence if row else []:
                 with contextlib.suppress(KeyError, TypeError, ValueError):
@@ -735,8 +744,8 @@ class Ledger:
                 began = next((at for st, at in events if st == RUNNING), r.at)
                 done = next((at for st, at in events if st == EXECUTED), r.at)
                 # Ledgers from before the column have the fault in the evidence only.
-                fault = _utc(r.fault_at or fault_time(r.evidence) or r.at)
-                out.append((r, fault, _utc(began), _utc(done)))
+                fault = utc(r.fault_at or fault_time(r.evidence) or r.at)
+                out.append((r, fault, utc(began), utc(done)))
             return out
 
     def watch(self, w: Watch) -> None:
@@ -766,8 +775,8 @@ class Ledger:
                 job=r.job,
                 attempt=r.attempt,
                 cause=r.cause,
-                fault_at=_utc(r.fault_at),
-                requeued_at=_utc(r.requeued_at),
+                fault_at=utc(r.fault_at),
+                requeued_at=utc(r.requeued_at),
                 point=FailurePoint(
                     r.failed_step, r.checkpoint_step, r.work_lost_seconds, r.quality_before
                 ),
@@ -846,9 +855,9 @@ class Ledger:
             timings = [
                 Timing(
                     action,
-                    _utc(fault),
-                    _utc(at),
-                    _utc(done) if (done := executed_at.get(i)) else None,
+                    utc(fault),
+                    utc(at),
+                    utc(done) if (done := executed_at.get(i)) else None,
                 )
                 for i, action, at, fault in s.execute(
                     select(d.id, d.action, d.at, d.fault_at)
@@ -868,7 +877,7 @@ class Ledger:
                 ).all()
             ]
             waiting = [
-                _utc(at) for at in s.scalars(select(d.at).where(d.state == AWAITING_APPROVAL))
+                utc(at) for at in s.scalars(select(d.at).where(d.state == AWAITING_APPROVAL))
             ]
             latest = select(func.max(VerdictRow.id)).group_by(VerdictRow.decision_id)
             verdicts = [
@@ -912,7 +921,7 @@ class Ledger:
         """When this ledger's record begins: its first notification (None while it has none)."""
         with self.session() as s:
             first = s.scalar(select(func.min(Notification.received_at)))
-        return _utc(first) if first is not None else None
+        return utc(first) if first is not None else None
 
     def history(self, since: datetime) -> Iterator[PastAction]:
         """The guards' memory: what was decided since `since`."""
@@ -925,7 +934,7 @@ class Ledger:
                 )
             ):
                 assert rec.decided_at is not None
-                yield PastAction(at=_utc(rec.decided_at), action="recovered", job=rec.job)
+                yield PastAction(at=utc(rec.decided_at), action="recovered", job=rec.job)
             yield from self._past(s, DecisionRow.at >= since)
 
     def drain_history(self, since: datetime, before: datetime) -> list[PastAction]:
@@ -950,7 +959,7 @@ class Ledger:
                 query = query.where(FailureRow.node == node)
             return [
                 Failure(
-                    at=_utc(r.at),
+                    at=utc(r.at),
                     node=r.node,
                     kind=r.kind,
                     incident=r.incident,
@@ -988,7 +997,7 @@ class Ledger:
             ):
                 found += [
                     Failure(
-                        at=_utc(r.at),
+                        at=utc(r.at),
                         node=n,
                         kind=r.cause,
                         incident=r.incident,
@@ -1057,7 +1066,7 @@ class Ledger:
                 if not first.get("charged"):
                     continue  # requeued again: that requeue counted itself
                 yield PastAction(
-                    at=_utc(r.at),
+                    at=utc(r.at),
                     action="recovery_failed",
                     job=r.job,
                     cause=r.cause,
@@ -1072,7 +1081,7 @@ class Ledger:
                     # the node its evidence began on.
                     nodes = tuple(r.failed_on) if r.failed_on else first_node(r.evidence)
                 yield PastAction(
-                    at=_utc(r.at),
+                    at=utc(r.at),
                     action=r.action,
                     job=r.job,
                     nodes=nodes,
@@ -1119,7 +1128,7 @@ def _judgement(raw: Any) -> Judgement:
     for node, entry in (raw or {}).items() if isinstance(raw, dict) else ():
         with contextlib.suppress(TypeError, ValueError):
             start, why, away = entry
-            out[str(node)] = (_utc(datetime.fromisoformat(start)), str(why), tuple(map(str, away)))
+            out[str(node)] = (utc(datetime.fromisoformat(start)), str(why), tuple(map(str, away)))
     return out
 
 
@@ -1129,7 +1138,7 @@ def _what(d: Decision) -> tuple[object, ...]:
 
 def _decision(r: DecisionRow) -> Decision:
     return Decision(
-        at=_utc(r.at),
+        at=utc(r.at),
         incident=r.incident,
         job=r.job,
         action=r.action,

@@ -14,10 +14,10 @@ from datetime import UTC, datetime, timedelta
 from itertools import groupby
 
 from webhook.adapters.slurm import SlurmError
-from webhook.core import drills, durations
+from webhook.core import drills, durations, repairs
 from webhook.core.alerts import Alert, Payload, wrap
 from webhook.core.cluster import ClusterView, eligible
-from webhook.core.decisions import Decision
+from webhook.core.decisions import DRAIN_CAUSES, Decision
 from webhook.core.engine import Engine, Snapshot, evidence_key
 from webhook.core.failures import learned_rate
 from webhook.core.lifecycle import (
@@ -61,6 +61,9 @@ LATE_IDS = 1000  # how far back the loop looks again for alert rows committed la
 # 20 MB larger, 1,000 at a time 12 MB, for the same CPU (docs/peer-eda.md).
 READ_BATCH = 1000
 SLURM_ERROR_EVERY = 300.0  # seconds between log lines of a Slurm error that lasts
+# How far back the repairs look for drains they have not taken up: a loop down for a while
+# still repairs what was drained meanwhile; older drains are left to people.
+REPAIR_LOOKBACK = timedelta(days=1)
 
 
 def monitor_forced(ledger: Ledger) -> bool:
@@ -116,6 +119,7 @@ class LiveLoop:
         self.notifier = notifier
         self.dispatcher, self.verifier, self.verify_seconds = dispatcher, verifier, verify_seconds
         self.verified_at = 0.0
+        self.repaired_at = 0.0
         self.heartbeat_at = 0.0
         # Set once the process is told to stop: nothing new is decided or started after it.
         self.stopping = threading.Event()
@@ -313,13 +317,15 @@ class LiveLoop:
                 log.info("%s %s %s %s: %s", d.incident, d.action, d.state, d.cause, d.reason)
         verified = self._verify()
         drilled = self._drills()
+        repaired = self._repairs()
         if self.dispatcher is not None and not self.stopping.is_set():
             if verified:
                 rows = self.ledger.rows(verified)
                 self.dispatcher.dispatch([r for r in rows if r.state == RECORDED])
-            if drilled:
-                # A drill in monitor mode is its dry run; in approve mode, what the approver reads.
-                rows = self.ledger.rows(drilled)
+            if drilled or repaired:
+                # A drill's or repair's step in monitor mode is its dry run; in approve mode,
+                # what the approver reads.
+                rows = self.ledger.rows(drilled + repaired)
                 self.dispatcher.dispatch([r for r in rows if r.state in DRY_RUN_FIRST])
             self.dispatcher.dispatch(self.dispatcher.pending())
         self._notify()
@@ -458,6 +464,55 @@ class LiveLoop:
                 decision, reason = None, str(e)
             ids += self.ledger.plan_drill(request, decision, reason)
             log.info("drill %s of job %s: %s", request.id, request.job, reason)
+        return ids
+
+    def _repairs(self) -> list[int]:
+        """The repairs of nodes slurmedic drained (webhook/core/repairs.py): new drains taken up,
+        each repair under way moved on the cluster as Slurm shows it now, once a refresh. The
+        ids of the decisions recorded. Never fails the step: what a repair did not record now
+        it records next time."""
+        if not self.policy.repairs.enabled or self.stopping.is_set():
+            return []
+        if time.monotonic() - self.repaired_at < self.refresh_seconds:
+            return []
+        self.repaired_at = time.monotonic()
+        try:
+            return self._repair()
+        except Exception:
+            log.exception("repairs failed; trying again next round")
+            return []
+
+    def _repair(self) -> list[int]:
+        now, policy, book = self.clock(), self.policy, self.ledger.repairs
+        ids: list[int] = []
+        under_way = {r.node: r for r in book.under_way()}
+        for drained in book.new_drains(now - REPAIR_LOOKBACK, frozenset(DRAIN_CAUSES)):
+            seq = book.last_seq(drained.node) + 1
+            current = under_way.get(drained.node)
+            if current is not None and current.state != repairs.PROBATION:
+                repair = repairs.Repair(
+                    drained.node, seq, drained, current.plan, current.why, started=now
+                )
+                ids += self.ledger.save_repair(repair, repairs.folded(drained, current), now)
+                continue
+            if current is not None:
+                ids += self.ledger.save_repair(current, repairs.failed_on_probation(current), now)
+            earlier = book.of_node(drained.node, now - policy.repeats.window)
+            repair, move = repairs.begin(drained, seq, earlier, policy, now)
+            ids += self.ledger.save_repair(repair, move, now)
+            said = move.reason if move else repair.why
+            log.info("repair %s of %s (%s): %s", repair.key, repair.node, repair.plan, said)
+        found = book.under_way()
+        busy = sum(r.state in repairs.IN_REPAIR for r in found)
+        for repair in found:
+            node = self.engine.view.nodes.get(repair.node)
+            mine = repair.state in repairs.IN_REPAIR
+            move = repairs.advance(repair, node, policy, now, busy - mine)
+            if move is None:
+                continue
+            ids += self.ledger.save_repair(repair, move, now)
+            busy += (move.state in repairs.IN_REPAIR) - mine
+            log.info("repair %s: %s -> %s: %s", repair.key, repair.state, move.state, move.reason)
         return ids
 
     def _expire_approvals(self) -> None:

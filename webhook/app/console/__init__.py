@@ -40,8 +40,9 @@ from webhook.core.validation import is_number
 from webhook.core.verdicts import JUDGEMENTS, MEANS, WOULD, VerdictError, verdict
 from webhook.ledger import review
 from webhook.ledger.schema import DecisionEvent, DecisionRow
+from webhook.ledger.schema import utc as in_utc
 from webhook.ledger.settings import Breaker, CorruptSetting, Modes, S, Switch, Unmatched
-from webhook.ledger.store import Ledger, _utc, last_dry_run
+from webhook.ledger.store import Ledger, last_dry_run
 from webhook.rules.delays import delays_for
 
 console = Blueprint(
@@ -67,7 +68,7 @@ def now() -> datetime:
 
 @console.app_template_filter("age")
 def age(dt: datetime) -> str:
-    seconds = int((now() - _utc(dt)).total_seconds())
+    seconds = int((now() - in_utc(dt)).total_seconds())
     if seconds < 120:
         return f"{seconds}s"
     if seconds < 7200:
@@ -79,7 +80,7 @@ def age(dt: datetime) -> str:
 
 @console.app_template_filter("utc")
 def utc(dt: datetime) -> str:
-    return _utc(dt).strftime("%Y-%m-%d %H:%M:%SZ")
+    return in_utc(dt).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 @console.context_processor
@@ -338,12 +339,12 @@ def _timeline(
             items.append((started, "alert", f"{e.get('alertname', '')} on {e.get('node') or '-'}"))
     for d in record.decisions:
         for ev in record.events.get(d.id, []):
-            items.append((_utc(ev.at), _event_kind(ev), f"{d.action} #{d.id}: {_event_text(ev)}"))
+            items.append((in_utc(ev.at), _event_kind(ev), f"{d.action} #{d.id}: {_event_text(ev)}"))
         for v in record.verdicts.get(d.id, []):
             alt = f" (would {v.would})" if v.would else ""
-            items.append((_utc(v.at), "verdict", f"{d.action} #{d.id}: {v.by} {v.verdict}{alt}"))
+            items.append((in_utc(v.at), "verdict", f"{d.action} #{d.id}: {v.by} {v.verdict}{alt}"))
     if (r := record.recovery) is not None and r.decided_at is not None:
-        items.append((_utc(r.decided_at), "verification", f"recovery {r.state}: {r.reason}"))
+        items.append((in_utc(r.decided_at), "verification", f"recovery {r.state}: {r.reason}"))
     return sorted(items, key=lambda i: i[0])
 
 
