@@ -397,6 +397,9 @@ def lab_policy(tmp: Path, mode: str, **overrides: Any) -> Path:
                 "hang_wait": monitoring.LAB_HANG_WAIT,
                 "breaker": {"max_fraction": 0.5},
                 "verify": {"deadline": "90s"},
+                # A node a test drains is healed by the test (heal), not rebooted behind its
+                # back: the repair loop's own tests enable it (tests/lab/test_repairs.py).
+                "repairs": {"enabled": False},
                 # One fault per test, but several tests within minutes under the lab's 4-node
                 # leaves would look like a switch storm, and three faults within five minutes
                 # on 8 nodes like a burst: these tests are not about that (a test about them
