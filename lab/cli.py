@@ -257,6 +257,20 @@ def node_down(cfg: LabConfig, node: str) -> None:
     click.echo(f"killed slurmd of {node} (pid {pid}); `slurmedic lab clear` brings it back")
 
 
+def _node_fault(kind: str, help_: str) -> None:
+    @inject.command(name=kind.replace("_", "-"), help=help_)
+    @click.argument("node")
+    @pass_cfg
+    @lab_errors
+    def cmd(cfg: LabConfig, /, node: str) -> None:
+        f = manage.inject_node(cfg, kind, node)  # type: ignore[arg-type]
+        click.echo(f"injected {f.kind} on {f.node}; `slurmedic lab clear {f.node}` removes it")
+
+
+_node_fault("diag_fail", "The node's health check (dcgmi diag) fails, whatever is repaired.")
+_node_fault("reboot_hang", "The node's reboots never come back (its RebootProgram does nothing).")
+
+
 def _job_fault(kind: str, name: str, help_: str) -> None:
     @inject.command(name=name, help=help_)
     @click.argument("job_id", type=int)
@@ -319,7 +333,7 @@ def dcgm_domain_cmd(cfg: LabConfig, domain: str) -> None:
 @pass_cfg
 @lab_errors
 def clear_cmd(cfg: LabConfig, node: str | None) -> None:
-    """Undo GPU faults (of NODE or all nodes) and restart killed slurmd."""
+    """Undo GPU and node faults (of NODE or all nodes) and restart killed slurmd."""
     if node is not None and node not in cfg.nodes:
         raise click.ClickException(f"node: {node!r} is not a lab node ({cfg.nodes_expr})")
     n = manage.clear(cfg, node)

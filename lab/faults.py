@@ -25,6 +25,15 @@ JobFaultKind = Literal[
 ]
 
 XID_MIN, XID_MAX = 1, 200
+OFF_THE_BUS_XIDS = frozenset({79})  # the GPU fell off the bus: nvidia-smi cannot reach it
+# What a repair clears: a reboot every GPU fault but a failed row remap (the row stays
+# unremappable: the GPU needs replacing); a GPU reset no more, and not on a GPU off the bus
+# either (nvidia-smi cannot reset a GPU it cannot see).
+RepairKind = Literal["reset", "reboot"]
+UNREPAIRABLE: frozenset[str] = frozenset({"row_remap_failure"})
+# Faults of a node rather than of a GPU: its health check fails whatever is repaired
+# (`diag_fail`), or its reboots never come back (`reboot_hang`); both last until `lab clear`.
+NodeFaultKind = Literal["diag_fail", "reboot_hang"]
 
 
 class GpuFault(BaseModel):
@@ -37,8 +46,32 @@ class GpuFault(BaseModel):
     rate: float = Field(default=1.0, gt=0)
 
 
+def off_the_bus(fault: GpuFault) -> bool:
+    return fault.kind == "gpu_lost" or (fault.kind == "xid" and fault.xid in OFF_THE_BUS_XIDS)
+
+
+def survives(fault: GpuFault, repair: RepairKind) -> bool:
+    """Whether `fault` is still there after `repair` of its GPU (a reset) or node (a reboot)."""
+    if fault.kind in UNREPAIRABLE:
+        return True
+    return repair == "reset" and off_the_bus(fault)
+
+
+class NodeFault(BaseModel):
+    node: str
+    kind: NodeFaultKind
+    at: float
+
+
 class GpuFaults(BaseModel):
     faults: list[GpuFault] = []
+    nodes: list[NodeFault] = []
+
+    def of_node(self, node: str) -> tuple[list[GpuFault], set[NodeFaultKind]]:
+        """The node's GPU faults and the kinds of its node faults."""
+        return [f for f in self.faults if f.node == node], {
+            n.kind for n in self.nodes if n.node == node
+        }
 
 
 class JobFault(BaseModel):
@@ -106,13 +139,38 @@ def add_gpu_fault(path: Path, fault: GpuFault) -> None:
         _atomic_write(path, state.model_dump_json(indent=1))
 
 
+def add_node_fault(path: Path, fault: NodeFault) -> None:
+    with _locked(path):
+        state = load_gpu_faults(path)
+        state.nodes.append(fault)
+        _atomic_write(path, state.model_dump_json(indent=1))
+
+
 def clear_gpu_faults(path: Path, node: str | None = None) -> int:
-    """Remove the faults of `node` (or all); return how many were removed."""
+    """Remove the faults of `node` (or all), its node faults too; return how many GPU faults
+    were removed."""
     with _locked(path):
         state = load_gpu_faults(path)
         keep = [f for f in state.faults if node is not None and f.node != node]
-        _atomic_write(path, GpuFaults(faults=keep).model_dump_json(indent=1))
+        nodes = [n for n in state.nodes if node is not None and n.node != node]
+        _atomic_write(path, GpuFaults(faults=keep, nodes=nodes).model_dump_json(indent=1))
         return len(state.faults) - len(keep)
+
+
+def repair_gpu_faults(
+    path: Path, node: str, repair: RepairKind, gpus: frozenset[int] | None = None
+) -> list[GpuFault]:
+    """Remove the faults `repair` clears from `node`'s GPUs (`gpus`, or all); return them."""
+    with _locked(path):
+        state = load_gpu_faults(path)
+        gone = [
+            f
+            for f in state.faults
+            if f.node == node and (gpus is None or f.gpu in gpus) and not survives(f, repair)
+        ]
+        state.faults = [f for f in state.faults if f not in gone]
+        _atomic_write(path, state.model_dump_json(indent=1))
+        return gone
 
 
 def control_path(jobs_dir: Path, job_id: int) -> Path:

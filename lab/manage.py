@@ -23,10 +23,13 @@ from lab.faults import (
     GpuFaultKind,
     JobFault,
     JobFaultKind,
+    NodeFault,
+    NodeFaultKind,
     Spoiled,
     SpoilKind,
     add_gpu_fault,
     add_job_fault,
+    add_node_fault,
     add_spoiled,
     clear_gpu_faults,
     control_path,
@@ -286,6 +289,14 @@ def inject_gpu(
         raise LabError(f"gpu: {gpu} is not in 0..{cfg.gpus_per_node - 1}")
     fault = GpuFault(node=node, gpu=gpu, kind=kind, at=time.time(), xid=xid, count=count, rate=rate)
     add_gpu_fault(cfg.faults_file, fault)
+    return fault
+
+
+def inject_node(cfg: LabConfig, kind: NodeFaultKind, node: str) -> NodeFault:
+    if node not in cfg.nodes:
+        raise LabError(f"node: {node!r} is not a lab node ({cfg.nodes_expr})")
+    fault = NodeFault(node=node, kind=kind, at=time.time())
+    add_node_fault(cfg.faults_file, fault)
     return fault
 
 

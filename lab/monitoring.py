@@ -332,7 +332,7 @@ def console_password(cfg: LabConfig, name: str) -> str:
 
 def inventory(cfg: LabConfig) -> dict[str, Any]:
     """Ansible inventory for the lab: the controller and every node are this machine; each
-    node's nvidia-smi is the lab's fake one and its slurmd log is the lab's."""
+    node's nvidia-smi and health check are the lab's fake ones and its slurmd log is the lab's."""
     local = {"ansible_connection": "local", "ansible_python_interpreter": cfg.python}
     nodes = {
         node: {
@@ -343,6 +343,17 @@ def inventory(cfg: LabConfig) -> dict[str, Any]:
                 "lab.nvidia_smi",
                 f"--lab-dir={cfg.run_dir}",
                 f"--node={node}",
+            ],
+            # The health check after a repair: the lab's dcgmi (lab/dcgmi.py).
+            "slurmedic_health_check": [
+                cfg.python,
+                "-m",
+                "lab.dcgmi",
+                f"--lab-dir={cfg.run_dir}",
+                f"--node={node}",
+                "diag",
+                "-r",
+                "2",
             ],
             "slurmedic_slurmd_log": str(cfg.logs / f"slurmd-{node}.log"),
         }

@@ -17,6 +17,13 @@ nvidia-smi, so `collect_diagnostics` reads what it would read on a sick node:
 The layout of `nvlink -e` is the real tool's (Volta to Hopper): a `GPU n: <name> (UUID: ...)`
 line, then `\t Link n: <counter>: <count>` for Replay, Recovery and CRC errors, a blank line
 between links; an H200 of an HGX board has 18 links.
+
+`-r [-i N]` resets the node's GPUs (N: an index of the listing): it clears the faults a reset
+clears (lab/faults.py `survives`), prints "GPU <bus id> was successfully reset." for each and
+"All done.". A GPU off the bus cannot be reset: its "Unable to determine the device handle"
+error and exit 15, the others are reset. The real tool refuses while processes use a GPU; the
+lab's nodes have no GPU processes to see, so it refuses while the node runs a Slurm job (every
+lab job uses all its node's GPUs): the real tool's "in use" lines, exit 255, nothing reset.
 """
 
 from __future__ import annotations
@@ -28,15 +35,23 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from lab import slurm
 from lab.config import LabConfig
 from lab.dcgm_exporter import MODEL, gpu_bus_id, gpu_uuid, gpu_values
-from lab.faults import GpuFault, load_gpu_faults
+from lab.faults import GpuFault, load_gpu_faults, off_the_bus, repair_gpu_faults
 
 SAMPLE = Path(__file__).with_name("data") / "nvidia-smi-h200.xml"
 HEADER = '<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v13.dtd">\n'
 DBE_XIDS = {48, 63, 64, 94, 95}
-OFF_THE_BUS = {79}
 NVLINKS = 18
+LOST = 15  # NVML's "GPU is lost"
+OTHER_ERROR = 255
+IN_USE = (
+    "{n} device{s} {verb} currently being used by one or more other processes (e.g., Fabric "
+    "Manager, CUDA application, graphics application such as an X server, or a monitoring "
+    "application such as another instance of nvidia-smi). Please first kill all processes using "
+    "{this} device{s} and all compute applications running in the system."
+)
 
 
 def _set(gpu: ET.Element, path: str, value: str) -> None:
@@ -70,12 +85,46 @@ def _present(cfg: LabConfig, node: str) -> tuple[list[tuple[int, list[GpuFault]]
     present, errors = [], []
     for minor in range(cfg.gpus_per_node):
         mine = [f for f in faults if f.gpu == minor]
-        if any(f.kind == "gpu_lost" or (f.kind == "xid" and f.xid in OFF_THE_BUS) for f in mine):
-            bus = gpu_bus_id(minor)
-            errors.append(f"Unable to determine the device handle for GPU{bus}: Unknown Error")
+        if any(off_the_bus(f) for f in mine):
+            errors.append(handle_error(minor))
         else:
             present.append((minor, mine))
     return present, errors
+
+
+def handle_error(minor: int) -> str:
+    return f"Unable to determine the device handle for GPU{gpu_bus_id(minor)}: Unknown Error"
+
+
+def reset(
+    present: list[tuple[int, list[GpuFault]]], errors: list[str], index: int | None, busy: bool
+) -> tuple[str, list[str], int, frozenset[int]]:
+    """`nvidia-smi -r [-i index]` of a node: its stdout, its stderr lines, its exit code and the
+    minor numbers of the GPUs it reset (their faults a reset clears are then to be removed)."""
+    if index is not None:
+        if not 0 <= index < len(present):
+            return "", [f"No GPU found with index {index}"], 6, frozenset()  # NVML not found
+        present, errors = [present[index]], []
+    targets = [minor for minor, _ in present]
+    if busy:
+        n = len(targets)
+        lines = [f"GPU {gpu_bus_id(m)} is currently in use by another process." for m in targets]
+        many = (
+            {"s": "s", "verb": "are", "this": "these"}
+            if n > 1
+            else {"s": "", "verb": "is", "this": "this"}
+        )
+        text = "\n".join([*lines, "", IN_USE.format(n=n, **many)]) + "\n"
+        return text, errors, OTHER_ERROR, frozenset()
+    out = "".join(f"GPU {gpu_bus_id(m)} was successfully reset.\n" for m in targets)
+    return out + "All done.\n", errors, LOST if errors else 0, frozenset(targets)
+
+
+def node_busy(cfg: LabConfig, node: str) -> bool:
+    """Whether a job runs on the node (or is still ending there): the lab's "processes use the
+    GPUs"."""
+    jobs = slurm.slurm(cfg, "squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING", "-o", "%i")
+    return bool(jobs.strip())
 
 
 def render(cfg: LabConfig, node: str, now: float | None = None) -> tuple[str, list[str]]:
@@ -131,6 +180,22 @@ def render_nvlink_errors(
     return "".join(f"{line}\n" for line in lines), errors
 
 
+def _reset(cfg: LabConfig, node: str, index: int | None) -> int:
+    present, errors = _present(cfg, node)
+    try:
+        busy = node_busy(cfg, node)
+    except slurm.LabError as err:
+        print(f"the lab cannot tell whether {node} runs a job: {err}", file=sys.stderr)
+        return OTHER_ERROR
+    text, errors, code, done = reset(present, errors, index, busy)
+    if done:
+        repair_gpu_faults(cfg.faults_file, node, "reset", done)
+    sys.stdout.write(text)
+    for e in errors:
+        print(e, file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nvidia-smi (slurmedic lab)")
     parser.add_argument("--lab-dir", required=True)
@@ -139,8 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-q", action="store_true")
     parser.add_argument("-x", action="store_true")
     parser.add_argument("-e", action="store_true")
+    parser.add_argument("-r", "--gpu-reset", action="store_true")
+    parser.add_argument("-i", "--id", type=int, help="the GPU's index (-r only)")
     args = parser.parse_args(argv)
     cfg = LabConfig.from_env(args.lab_dir)
+    if args.gpu_reset:
+        return _reset(cfg, args.node, args.id)
+    if args.id is not None:
+        parser.error("the lab's nvidia-smi takes -i with -r only")
     if args.command == "nvlink" and not args.e:
         parser.error("the lab's nvidia-smi knows `nvlink -e` only")
     draw = render_nvlink_errors if args.command == "nvlink" else render
@@ -148,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(text)
     for e in errors:
         print(e, file=sys.stderr)
-    return 15 if errors else 0  # NVML's "GPU is lost"
+    return LOST if errors else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ seconds rather than minutes.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from lab import processes, stacks
 from lab.config import LabConfig
 
 SLURM_TIMEOUT = 20.0
+RESUME_TIMEOUT = 60  # seconds
 CLUSTER = "slurmedic-lab"  # ClusterName, and the cluster's name in the accounting database
 
 
@@ -80,6 +82,10 @@ def render_slurm_conf(cfg: LabConfig) -> str:
         "KillWait=2",
         "InactiveLimit=0",
         "MinJobAge=300",
+        # `scontrol reboot` runs the lab's reboot (lab/reboot.py): a few seconds. A reboot that
+        # has not come back within ResumeTimeout leaves the node DOWN ("reboot timed out").
+        f"RebootProgram={reboot_program(cfg)}",
+        f"ResumeTimeout={RESUME_TIMEOUT}",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
         f"NodeName={cfg.nodes_expr} NodeHostname={cfg.hostname} NodeAddr=127.0.0.1 "
@@ -96,6 +102,20 @@ def render_slurm_conf(cfg: LabConfig) -> str:
             "MaxTime=INFINITE State=UP"
         )
     return "\n".join(lines) + "\n"
+
+
+def reboot_program(cfg: LabConfig) -> Path:
+    """slurmd runs RebootProgram by path (26.05 without an environment): a script of the run
+    directory, which every stack's root sees at the same path."""
+    return cfg.run_dir / "slurm" / "reboot"
+
+
+def render_reboot_program(cfg: LabConfig) -> str:
+    argv = [cfg.python, "-m", "lab.reboot", f"--lab-dir={cfg.run_dir}"]
+    return (
+        "#!/bin/sh\n# Written by `slurmedic lab up`: the lab nodes' RebootProgram.\n"
+        f'exec {shlex.join(argv)} "$@"\n'
+    )
 
 
 def accounting_lines(cfg: LabConfig) -> list[str]:
@@ -144,6 +164,8 @@ def write_config(cfg: LabConfig) -> None:
             # gres needs real device nodes; regular files make the nodes INVAL.
             subprocess.run(["mknod", str(dev), "c", "1", "3"], check=True)
     _write_if_changed(cfg.slurm_conf, render_slurm_conf(cfg))
+    _write_if_changed(reboot_program(cfg), render_reboot_program(cfg))
+    reboot_program(cfg).chmod(0o755)
     _write_if_changed(cfg.etc / "gres.conf", render_gres_conf(cfg))
     _write_if_changed(cfg.etc / "topology.conf", render_topology_conf(cfg))
     cgroup = cfg.etc / "cgroup.conf"
@@ -195,8 +217,12 @@ def start_slurmctld(cfg: LabConfig) -> None:
         raise LabError(f"slurmctld did not answer; see {cfg.logs}/slurmctld.log")
 
 
-def start_slurmd(cfg: LabConfig, node: str) -> None:
-    processes.start(cfg, f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(cfg.slurm_conf)])
+def start_slurmd(cfg: LabConfig, node: str, *, rebooted: bool = False) -> None:
+    """`rebooted`: the node reports it booted when its slurmd started (slurmd -b), which
+    slurmctld needs to see before it counts a reboot as done (lab/reboot.py)."""
+    flags = ["-b"] if rebooted else []
+    argv = ["slurmd", *flags, "-D", "-N", node, "-f", str(cfg.slurm_conf)]
+    processes.start(cfg, f"slurmd-{node}", argv)
 
 
 def start_cluster(cfg: LabConfig, *, before_controller: Callable[[], None] | None = None) -> None:

@@ -34,6 +34,7 @@ from lab.config import CODE_ROOT
 from webhook import resources
 
 STACK_ENV = "SLURMEDIC_LAB_STACK"
+IN_STACK_ENV = "SLURMEDIC_IN_STACK"  # set inside a stack's root (EXEC_SCRIPT): its name
 CACHE_ENV = "SLURMEDIC_STACK_CACHE"
 MIRROR_ENV = "SLURMEDIC_DEBIAN_MIRROR"
 DEFAULT_CACHE = Path("/var/cache/slurmedic/stacks")
