@@ -10,10 +10,12 @@ the spread over several failure traces on the default policy: ETTR, its gap to t
 (mean, min, max), the tallies, the guards that changed decisions and the GPU-hours lost by
 cause against the oracle's in points of ETTR, with `informed` (the oracle acting on the first
 alert of each failure) to split slurmedic's gap into what the alerts' own delays cost and what
-slurmedic's waiting and decisions cost. Then ETTR by checkpoint interval, and its PNG.
+slurmedic's waiting and decisions cost; with --repairs, slurmedic without its repair loop
+too, and each policy's nodes out of service and the cluster's goodput. Then ETTR by checkpoint
+interval, and its PNG.
 
-    .venv/bin/python -m bench.goodput_sim [--days 54] [--seeds 3] [--variants] [--blips N]
-        [--json FILE] [--plot FILE] [--no-sweep]
+    .venv/bin/python -m bench.goodput_sim [--days 54] [--seeds 3] [--variants] [--repairs]
+        [--blips N] [--json FILE] [--plot FILE] [--no-sweep]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from webhook.core.policy import Policy
 from webhook.simulate import report
 from webhook.simulate.model import KINDS, Delays, SimConfig
 from webhook.simulate.plot import ettr_plot
+from webhook.simulate.responders import NOREPAIR
 from webhook.simulate.run import Outcome, compare, sweep
 from webhook.simulate.site import delays
 from webhook.simulate.trace import draw
@@ -82,7 +85,9 @@ def variants(cfg: SimConfig, waits: Delays, faults: Any) -> dict[str, Outcome]:
     return out
 
 
-def seeds(cfg: SimConfig, waits: Delays, n: int, *, more: bool, dump: Path | None) -> None:
+def seeds(
+    cfg: SimConfig, waits: Delays, n: int, *, more: bool, dump: Path | None, repairs: bool = False
+) -> None:
     """The default policy on `n` traces (seeds 1..n): the spread of ETTR and of the gap to the
     oracle, and where the gap is (GPU-hours lost by cause against the oracle's)."""
     runs: dict[str, list[Outcome]] = {}
@@ -93,7 +98,7 @@ def seeds(cfg: SimConfig, waits: Delays, n: int, *, more: bool, dump: Path | Non
             at,
             policy=Policy(),
             delays=waits,
-            policies=("slurmedic", "oracle", "informed"),
+            policies=("slurmedic", *([NOREPAIR] if repairs else []), "oracle", "informed"),
             faults=faults,
         )
         for o in got:
@@ -130,6 +135,8 @@ def seeds(cfg: SimConfig, waits: Delays, n: int, *, more: bool, dump: Path | Non
             f"| {sum(t.escalations for t in per)} | {sum(t.healthy_drained for t in per)} |"
         )
     print("\n(needless stops and requeues, escalations, healthy nodes drained: summed over traces)")
+    if repairs:
+        out_of_service(runs)
     # GPU-hours a point of ETTR is: ETTR is over the jobs' GPUs (spare nodes aside).
     total = cfg.busy_nodes * cfg.gpus_per_node * cfg.seconds / 3600 / 100
     kinds = sorted({k for outs in runs.values() for o in outs for k in o.lost_by_kind})
@@ -173,6 +180,28 @@ def seeds(cfg: SimConfig, waits: Delays, n: int, *, more: bool, dump: Path | Non
         print(f"outcomes: {dump}")
 
 
+def out_of_service(runs: dict[str, list[Outcome]]) -> None:
+    """Each policy's nodes out of service and the cluster's goodput, over the traces: what the
+    repair loop is worth in capacity."""
+    print(
+        "\n| policy | mean ETTR | mean cluster goodput | nodes out (mean) | nodes out (peak, "
+        "max) | node-hours out (mean) | resets and reboots | nodes repaired | nodes to replace |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, outs in runs.items():
+        per = [o.tally for o in outs]
+        print(
+            f"| {name} | {statistics.fmean(o.ettr_cluster for o in outs):.4f} "
+            f"| {statistics.fmean(o.goodput_cluster for o in outs):.4f} "
+            f"| {statistics.fmean(o.out_mean for o in outs):.1f} "
+            f"| {max(t.out_peak for t in per)} "
+            f"| {statistics.fmean(o.out_node_hours for o in outs):,.0f} "
+            f"| {sum(t.repairs for t in per)} | {sum(t.repaired for t in per)} "
+            f"| {sum(t.replaced for t in per)} |"
+        )
+    print("\n(resets and reboots, nodes repaired and to replace: summed over traces)")
+
+
 def by_kind(cfg: SimConfig, policy: Policy, waits: Delays) -> None:
     """Where slurmedic's gap to the oracle comes from: each kind of failure alone (at three
     times its rate, for a steadier figure), the GPU-minutes of the whole cluster it costs per
@@ -211,6 +240,11 @@ def main() -> None:
         action="store_true",
         help="over the traces too: slurmedic with retry_application, and with requeue_away",
     )
+    ap.add_argument(
+        "--repairs",
+        action="store_true",
+        help="over the traces too: slurmedic without its repair loop, and nodes out of service",
+    )
     ap.add_argument("--json", type=Path, help="every trace's outcomes, as JSON, to this file")
     ap.add_argument("--by-kind", action="store_true", help="the gap to the oracle by failure kind")
     ap.add_argument("--blips", type=int, default=0, help="shared blips over the span (default 0)")
@@ -239,7 +273,7 @@ def main() -> None:
         show("The default policy", default)
         print("run: " + ", ".join(f"{o.policy} {o.seconds:.1f} s" for o in default))
         gpus = cfg.nodes * cfg.gpus_per_node
-        print(f"\nfour policies, {args.days:g} days of {gpus:,} GPUs: {took:.1f} s")
+        print(f"\n{len(default)} policies, {args.days:g} days of {gpus:,} GPUs: {took:.1f} s")
         oracle = [o for o in default if o.policy == "oracle"]
         more = variants(cfg, waits, faults)
         show(
@@ -252,7 +286,7 @@ def main() -> None:
         )
 
     if args.seeds:
-        seeds(cfg, waits, args.seeds, more=args.variants, dump=args.json)
+        seeds(cfg, waits, args.seeds, more=args.variants, dump=args.json, repairs=args.repairs)
     if args.by_kind:
         by_kind(asking(cfg), Policy(), waits)
     if args.no_sweep:
@@ -265,7 +299,8 @@ def main() -> None:
     print()
     print(report.sweep_markdown(swept).strip())
     print(
-        f"\n(the default policy; {len(intervals)} intervals x 4 policies: "
+        f"\n(the default policy; {len(intervals)} intervals x {len(next(iter(swept.values())))} "
+        "policies: "
         f"{time.perf_counter() - began:.0f} s)"
     )
     args.plot.parent.mkdir(parents=True, exist_ok=True)

@@ -367,7 +367,10 @@ def test_slurmedic_simulate_prints_a_row_a_policy_and_a_sweep(tmp_path: Path):
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--policies", "smart"], "'smart' is not one of none, naive, slurmedic, informed, oracle"),
+        (
+            ["--policies", "smart"],
+            "'smart' is not one of none, naive, slurmedic, slurmedic-norepair, informed, oracle",
+        ),
         (["--plot", "x.png"], "a plot needs --sweep"),
         (["--sweep", "0s"], "give durations above 0"),
         (["--nodes", "100"], "the jobs need 1984 nodes, the cluster has 100"),

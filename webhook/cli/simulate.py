@@ -63,7 +63,7 @@ def _intervals(value: str) -> list[timedelta]:
     default=",".join(COMPARED),
     show_default=True,
     help=f"Which to run, of {', '.join(POLICIES)} (informed: the oracle's answer once the first "
-    "alert of a failure arrives).",
+    "alert of a failure arrives; slurmedic-norepair: slurmedic with its repair loop off).",
 )
 @click.option(
     "--rules-config",
@@ -115,8 +115,9 @@ def simulate(
     fmt: str,
 ) -> None:
     """Simulate a GPU cluster failing as published fleets do, answered by each policy on the
-    same failure trace; print ETTR, GPU-hours lost, healthy nodes drained, needless stops and
-    escalations per policy. slurmedic's decisions come from its real core."""
+    same failure trace; print ETTR, the cluster's goodput, GPU-hours lost, nodes out of service,
+    healthy nodes drained, needless stops and escalations per policy. slurmedic's decisions
+    come from its real core."""
     names = _policies(policies)
     intervals = _intervals(sweep_) if sweep_ else []
     if plot is not None and not intervals:

@@ -140,6 +140,39 @@ class Blips(_Model):
         return v
 
 
+def _fixes() -> dict[Kind, float]:
+    return {"gpu": 0.5, "node": 0.7, "link": 0.2}
+
+
+class Repairs(_Model):
+    """slurmedic's repair loop on a node it drained (webhook.core.repairs decides the plan and
+    each step): how long each step takes, and the share of each kind of fault a GPU reset or a
+    reboot mends. What it does not mend fails its health check and waits for a person (the
+    `repair` or `link_repair` delay, from the drain). docs/simulate.md gives the sources."""
+
+    # `nvidia-smi -r` on an idle node: seconds a GPU (the driver scrubs its memory), a minute
+    # with the playbook's run around it.
+    reset_gpu: Duration = timedelta(minutes=1)
+    # `scontrol reboot` of an 8-GPU node until slurmd registers again: 3-5 minutes for a node,
+    # more with an 8-GPU server's POST, driver and fabric manager start (assumed: 10).
+    reboot: Duration = timedelta(minutes=10)
+    # `dcgmi diag -r 2`: "approximately two minutes" (NVIDIA's dcgmi reference).
+    health_check: Duration = timedelta(minutes=2)
+    # Of each kind's faults, the share its reset or reboot mends (assumed; docs/simulate.md):
+    # gpu: about half (HBM3's uncorrectable errors mostly remapped at the reset, a faulty GPU
+    # mostly not), node: Llama 3's host maintenance (32 of 46; SSD, PSU, chassis, IO board,
+    # CPU, memory need a person), link: a NIC's firmware now and then, never a cable.
+    fixes: dict[Kind, float] = Field(default_factory=_fixes)
+
+    @field_validator("fixes")
+    @classmethod
+    def _shares(cls, v: dict[Kind, float]) -> dict[Kind, float]:
+        for kind, share in v.items():
+            if not 0 <= share <= 1:
+                raise ValueError(f"{kind}: a share from 0 to 1, not {share}")
+        return v
+
+
 class SimConfig(_Model):
     days: float = Field(default=LLAMA3_DAYS, gt=0)
     nodes: int = Field(default=LLAMA3_NODES, ge=2)
@@ -160,6 +193,9 @@ class SimConfig(_Model):
     link_repair: Duration = timedelta(hours=4)
     switch_repair: Duration = timedelta(hours=1)
     human: HumanDelay = HumanDelay()
+    # slurmedic's repair loop (a policy with `repairs.enabled`): its steps' times and what
+    # they mend.
+    repairs: Repairs = Repairs()
     # Shared blips of many nodes at once (none by default).
     blips: Blips = Blips()
     # slurmedic checks that each requeue it made brought the job back to training: a site that

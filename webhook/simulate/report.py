@@ -14,7 +14,11 @@ COLUMNS = (
     ("policy", "policy"),
     ("ettr_cluster", "ETTR (cluster)"),
     ("ettr_largest", "ETTR (largest job)"),
+    ("goodput_cluster", "cluster goodput"),
     ("gpu_hours_lost", "GPU-hours lost"),
+    ("out_mean", "nodes out (mean)"),
+    ("out_peak", "nodes out (peak)"),
+    ("out_node_hours", "node-hours out"),
     ("healthy_drained", "healthy nodes drained"),
     ("needless_stops", "jobs stopped needlessly"),
     ("needless_requeues", "jobs requeued needlessly"),
@@ -22,6 +26,9 @@ COLUMNS = (
     ("drains", "drains"),
     ("requeues", "requeues"),
     ("stops", "stops"),
+    ("repairs", "resets and reboots"),
+    ("repaired", "nodes repaired"),
+    ("replaced", "nodes to replace"),
     ("owner_restarts", "restarted by their owner"),
     ("alerts", "alerts"),
     ("decisions", "core decisions"),
@@ -29,8 +36,10 @@ COLUMNS = (
 
 
 def _cell(key: str, value: Any) -> str:
-    if key.startswith("ettr"):
+    if key.startswith(("ettr", "goodput")):
         return f"{value:.4f}"
+    if key == "out_mean":
+        return f"{value:.1f}"
     if isinstance(value, float):
         return f"{value:,.0f}"
     return f"{value:,}" if isinstance(value, int) else str(value)

@@ -4,6 +4,9 @@
 - `naive`: drain every node an alert names and requeue its job at once;
 - `slurmedic`: the real core (webhook.core.engine, as replay runs it) on the alerts and the
   view, its decisions carried out as in enforce mode; what it escalates a person does later;
+  the nodes it drains go through its repair loop (webhook.simulate.repairs) when the policy
+  has `repairs.enabled` (the default);
+- `slurmedic-norepair`: the same with the repair loop off: its drained nodes wait for a person;
 - `oracle`: the right thing at the moment of the failure (perfect attribution, no delay);
 - `informed`: the oracle's right thing, done when the first alert about the failure reaches
   the webhook (perfect attribution, no delay of its own): what the monitoring's delays cost by
@@ -29,11 +32,13 @@ from webhook.core.lifecycle import PENDING
 from webhook.core.policy import Policy
 from webhook.simulate.model import NODE_FAULTS
 from webhook.simulate.recovery import Recoveries
+from webhook.simulate.repairs import RepairLoop
 from webhook.simulate.trace import Fault
 from webhook.simulate.world import EPOCH, SimJob, World, node_name, when
 
-POLICIES = ("none", "naive", "slurmedic", "informed", "oracle")
-COMPARED = ("none", "naive", "slurmedic", "oracle")  # run unless asked otherwise
+NOREPAIR = "slurmedic-norepair"
+POLICIES = ("none", "naive", "slurmedic", NOREPAIR, "informed", "oracle")
+COMPARED = ("none", "naive", "slurmedic", NOREPAIR, "oracle")  # run unless asked otherwise
 
 
 class Responder(Protocol):
@@ -188,6 +193,7 @@ class Slurmedic(_Passive):
         acting = policy.model_copy(update={"mode": "enforce", "actions": {}, "partitions": {}})
         self.engine = Engine.with_history(world.view, acting, [])
         self.recoveries = Recoveries(world, acting, self.engine) if world.cfg.verify else None
+        self.repairs = RepairLoop(world, acting) if acting.repairs.enabled else None
         self.person = Person(world)
         self.carried: dict[str, set[str]] = {}
         self.decisions: list[Decision] = []
@@ -196,11 +202,15 @@ class Slurmedic(_Passive):
         return when(self.world.now)
 
     def alert(self, alert: Alert) -> None:
+        if self.repairs is not None:
+            self.repairs.heard(alert)
         self.engine.receive(wrap([alert]), self._now())
 
     def changed(self) -> None:
         self.engine.update_view(self.world.view, self._now())
         self._verify()
+        if self.repairs is not None:
+            self.repairs.advance()
 
     def next_due(self) -> float | None:
         due = self.engine.next_due()
@@ -267,6 +277,8 @@ class Slurmedic(_Passive):
             self.carried.setdefault(d.incident, set()).add(d.action)
         if d.action == "drain":
             w.drain(d.nodes)
+            if self.repairs is not None:
+                self.repairs.drained(d)
         elif d.action in ("requeue", "stop") and (job := self._attempt(d)) is not None:
             if d.action == "requeue":
                 fault_at = job.fault.at if job.fault is not None else w.now
@@ -299,4 +311,7 @@ def responder(name: str, world: World, policy: Policy) -> Responder:
         return Informed(world)
     if name == "slurmedic":
         return Slurmedic(world, policy)
+    if name == NOREPAIR:
+        off = policy.repairs.model_copy(update={"enabled": False})
+        return Slurmedic(world, policy.model_copy(update={"repairs": off}))
     raise ValueError(f"policy: {name!r} is not one of {', '.join(POLICIES)}")

@@ -25,6 +25,9 @@ class Outcome:
     policy: str
     ettr_cluster: float  # GPU-weighted over every job
     ettr_largest: float  # the largest job's
+    # The share of the whole cluster's GPU-hours (idle and out-of-service nodes too) spent on
+    # productive (checkpointed) training.
+    goodput_cluster: float
     gpu_hours_lost: float  # against the same jobs with no failure (checkpoint writes aside)
     tally: Tally
     decisions: int  # the core's (slurmedic only)
@@ -35,12 +38,16 @@ class Outcome:
     # GPU-hours lost by the kind of fault that caused the loss (World's Tally.lost): they add
     # up to gpu_hours_lost.
     lost_by_kind: dict[str, float] = field(default_factory=dict)
+    # Nodes out of service (drained or down) over the span: on average, and node-hours.
+    out_mean: float = 0.0
+    out_node_hours: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """The figures; not the run's wall-clock time, so that one trace prints the same."""
         out = asdict(self)
         tally = out.pop("tally")
         tally.pop("lost", None)
+        tally.pop("out_node_seconds", None)
         out.update(tally)
         del out["seconds"]
         return out
@@ -86,6 +93,8 @@ def simulate(
         seconds=time.perf_counter() - began,
         guards=dict(Counter(d.guard for d in decided if d.guard).most_common()),
         lost_by_kind=_lost_by_kind(world),
+        out_mean=world.tally.out_node_seconds / cfg.seconds,
+        out_node_hours=world.tally.out_node_seconds / 3600,
     )
 
 
@@ -105,6 +114,7 @@ def _ettr(cfg: SimConfig, world: World) -> dict[str, float]:
     largest = max(world.jobs.values(), key=lambda j: (j.gpus, -j.id))
     return {
         "ettr_cluster": productive / gpu_seconds,
+        "goodput_cluster": productive / (cfg.nodes * cfg.gpus_per_node * span),
         "ettr_largest": largest.productive / span,
         "gpu_hours_lost": (ideal - productive) / 3600,
     }

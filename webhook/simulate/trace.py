@@ -19,6 +19,9 @@ class Fault:
     recurs: bool = False  # app: the bug recurs on every restart until it is fixed ...
     fix_after: float = 0.0  # ... this long after it first crashed the job (its owner's fix)
     gpu: int = 0
+    # gpu: the XID its GPU reports (79, off the bus, whatever the cause: what the rules see
+    # decides slurmedic's drain and its repair's plan, the cause does not).
+    xid: int = 79
     # blip: the nodes (indices) that stop responding, and how long until they answer again.
     nodes: tuple[int, ...] = ()
     lasts: float = 0.0

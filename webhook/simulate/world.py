@@ -142,6 +142,15 @@ class Tally:
     # attempt (its unsaved work, its restart, and the wait until the next attempt starts); an
     # attempt no fault ended answers for the fault that made it. START: the first queue.
     lost: dict[str, float] = field(default_factory=dict)
+    # Nodes out of service (drained or down): their node-seconds over the span, and the most
+    # at once.
+    out_node_seconds: float = 0.0
+    out_peak: int = 0
+    # slurmedic's repair loop (webhook.simulate.repairs): resets and reboots run, nodes it
+    # returned to service, and nodes it sent to a person for replacement.
+    repairs: int = 0
+    repaired: int = 0
+    replaced: int = 0
 
 
 class World:
@@ -165,6 +174,8 @@ class World:
             }
         )
         self.idle: set[int] = set()  # nodes a job could start on (kept by _show_node)
+        self.out: set[int] = set()  # nodes out of service (kept by _show_node)
+        self._out_since = 0.0  # when their count last changed
         for n in self.nodes:
             self._show_node(n)
         self._events: list[tuple[float, int, Callable[[], None]]] = []
@@ -202,6 +213,10 @@ class World:
 
     # ---- the core's view ---------------------------------------------------------------
     def _show_node(self, n: SimNode) -> None:
+        if bool(n.out) != (n.index in self.out):
+            self._count_out()
+            (self.out.add if n.out else self.out.discard)(n.index)
+            self.tally.out_peak = max(self.tally.out_peak, len(self.out))
         state = n.out or ("alloc" if n.job is not None else "idle")
         if state == "idle":
             self.idle.add(n.index)
@@ -220,6 +235,11 @@ class World:
             gpus=self.cfg.gpus_per_node,
         )
         self._changed = True
+
+    def _count_out(self) -> None:
+        """The node-seconds out of service since the count last changed."""
+        self.tally.out_node_seconds += len(self.out) * (self.now - self._out_since)
+        self._out_since = self.now
 
     def _show_job(self, j: SimJob) -> None:
         self.view.set_job(
@@ -371,7 +391,7 @@ class World:
                     "alertname": "GpuXidNodeFault",
                     "signal": "gpu_hw",
                     "gpu": str(f.gpu),
-                    "xid": "79",
+                    "xid": str(f.xid),
                 },
             )
         elif f.kind == "link":
@@ -578,6 +598,29 @@ class World:
                 back = self.now + self.person("resume", node.name, f"{self.now:.0f}")
                 self.later(back, partial(self.resume, node))
 
+    def repaired(self, node: SimNode) -> None:
+        """A GPU reset or a reboot of the node ran: it mends the node's fault with the model's
+        share for its kind (drawn per fault: the same whoever repairs it); a healthy node stays
+        healthy. What it does not mend is still there for the health check, and its person's
+        mending stays due (`_mend_later`)."""
+        self.tally.repairs += 1
+        f = node.broken
+        if f is None:
+            return
+        share = self.cfg.repairs.fixes.get(f.kind, 0.0)
+        if self.chance("fixes", f"{f.at:.3f}", f.where).random() < share:
+            node.broken = None
+
+    def returned(self, node: SimNode) -> bool:
+        """slurmedic's repair resumes the node (drained or down, its health check passed)."""
+        if not node.out or node.broken is not None:
+            return False
+        self.tally.repaired += 1
+        node.out = ""
+        self._show_node(node)
+        self.place()
+        return True
+
     def resume(self, node: SimNode) -> None:
         if node.out == "drain" and node.broken is None:
             node.out = ""
@@ -727,7 +770,8 @@ class World:
             node = self.nodes[i]
             if node.broken is not None:
                 f = node.broken
-                again = Fault(self.now + rng.uniform(60, d.recur_within), f.kind, i, gpu=f.gpu)
+                shows = self.now + rng.uniform(60, d.recur_within)
+                again = Fault(shows, f.kind, i, gpu=f.gpu, xid=f.xid)
                 self.later(again.at, partial(self._recur, attempt, again))
                 break
         down = {
@@ -755,6 +799,7 @@ class World:
     # ---- the end -----------------------------------------------------------------------
     def close(self) -> None:
         """The span ends: credit what every running attempt trained."""
+        self._count_out()
         for job in self.jobs.values():
             if job.running:  # a stalled attempt still loses what it had not checkpointed
                 saved = job.saved(self.now, last=job.stalled is None)
