@@ -35,8 +35,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from webhook.core.lifecycle import EXECUTED, FAILED
+from webhook.core.repair_view import awaiting_replacement
+from webhook.core.repairs import REPLACE, STRENGTH, UNDER_WAY
 from webhook.core.verdicts import JUDGEMENTS
-from webhook.ledger.figures import DecisionCount, Figures, Outcomes, Recovery
+from webhook.ledger.figures import DecisionCount, Figures, Outcomes, Recovery, RepairFigures
 from webhook.ledger.review import node_records
 from webhook.ledger.settings import (
     Breaker,
@@ -75,9 +77,17 @@ for _code in ("200", "400", "401", "413", "503"):
 for _outcome in ("new", "duplicate", "resolved"):
     ALERTS.labels(_outcome)
 RUN_ACTIONS = ("drain", "requeue", "stop", "resume")
+# What a repair under way may be doing: every plan but replacement (that goes to a person).
+PLANS_UNDER_WAY = tuple(p for p in STRENGTH if p != "replace")
 # Fault to decision, to action, to productive training again: seconds to hours.
 LATENCY_BUCKETS = tuple(
     float(b) for b in (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
+)
+# Drain to back in service: a GPU reset takes minutes, a reboot and its check an hour, a node
+# waiting for a long job to end or for its turn in repair days.
+RETURN_BUCKETS = tuple(
+    float(b)
+    for b in (300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 43200, 86400, 172800, 345600, 604800)
 )
 
 
@@ -107,6 +117,7 @@ def _histogram(
     samples: Iterable[tuple[tuple[str, ...], float]],
     labels: list[str],
     always: Iterable[tuple[str, ...]] = (),
+    bounds: Sequence[float] = LATENCY_BUCKETS,
 ) -> HistogramMetricFamily:
     """A histogram from stored values; `always`: label sets shown (at zero) with no values."""
     always = list(always)
@@ -116,12 +127,12 @@ def _histogram(
         by_labels.setdefault(key, []).append(max(value, 0.0))
     for key, values in sorted(by_labels.items()):
         values.sort()
-        buckets = [(str(b), bisect.bisect_right(values, b)) for b in LATENCY_BUCKETS]
+        buckets = [(str(b), bisect.bisect_right(values, b)) for b in bounds]
         buckets.append(("+Inf", len(values)))
         fam.add_metric(list(key), buckets, sum(values))
     for key in [(), *always] if not labels else always:
         if key not in by_labels:
-            fam.add_metric(list(key), [(str(b), 0) for b in LATENCY_BUCKETS] + [("+Inf", 0)], 0)
+            fam.add_metric(list(key), [(str(b), 0) for b in bounds] + [("+Inf", 0)], 0)
     return fam
 
 
@@ -170,6 +181,7 @@ class LedgerCollector(Collector):
         for outcome, n in fig.drills.items():
             drills.add_metric([outcome], n)
         yield drills
+        yield from self._repairs(fig.repairs)
         yield from self._review(fig)
         yield from self._nodes()
         yield from self._settings()
@@ -300,6 +312,40 @@ class LedgerCollector(Collector):
             "Training done since the last checkpoint when the job failed (lost with it).",
             (((), r.work_lost_seconds) for r in rows if r.work_lost_seconds is not None),
             [],
+        )
+
+    def _repairs(self, fig: RepairFigures) -> Iterator[Any]:
+        """The repairs of the nodes slurmedic drained: where they stand, how long a node took
+        to return to service, and the nodes a person must replace."""
+        fam = GaugeMetricFamily(
+            "slurmedic_repairs",
+            "Repairs of nodes slurmedic drained, by state and plan: every one under way "
+            "(waiting, repairing, checking, resuming), the others begun within the last 7 days.",
+            labels=["state", "plan"],
+        )
+        # The states under way exist from the start, at zero: a stacked panel shows none.
+        counts = {(state, plan): 0 for state in UNDER_WAY for plan in PLANS_UNDER_WAY}
+        counts.update(fig.by_state)
+        for (state, plan), n in sorted(counts.items()):
+            fam.add_metric([state, plan], n)
+        yield fam
+        yield _histogram(
+            "slurmedic_repair_return_seconds",
+            "From a node's drain to its return to service (its repair's resume executed), of "
+            "the repairs begun within the last 7 days.",
+            (((), s) for s in fig.returned),
+            [],
+            bounds=RETURN_BUCKETS,
+        )
+        view = self._setting(Nodes).root
+        yield GaugeMetricFamily(
+            "slurmedic_nodes_awaiting_replacement",
+            "Nodes whose latest repair sent them to a person for replacement and that the "
+            "loop's cluster view does not show back in service.",
+            value=sum(
+                awaiting_replacement(REPLACE, seen.status if (seen := view.get(n)) else None)
+                for n in fig.replace
+            ),
         )
 
     def _nodes(self) -> Iterator[Any]:

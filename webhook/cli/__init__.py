@@ -28,6 +28,7 @@ COMMANDS = {
     "nodes": "webhook.cli.nodes:nodes",
     "policy": "webhook.cli.policy:policy",
     "reject": "webhook.cli.review:reject",
+    "repairs": "webhook.cli.repairs:repairs",
     "replay": "webhook.cli.replay:replay",
     "resume": "webhook.cli.switches:resume",
     "review": "webhook.cli.review:review",

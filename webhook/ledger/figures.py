@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+
+# Closed repairs and the times to return to service: those begun within the last week.
+REPAIRS_WINDOW = timedelta(days=7)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,19 @@ class Mismatches:
 
 
 @dataclass(frozen=True)
+class RepairFigures:
+    """The repairs of nodes slurmedic drained (webhook/ledger/repairs.py, `Repairs.figures`)."""
+
+    # (state, plan): how many; every repair under way, the closed ones begun in the window.
+    by_state: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Seconds from the drain to the node back in service (its resume executed), of the repairs
+    # begun in the window that got there.
+    returned: list[float] = field(default_factory=list)
+    # The nodes whose latest repair sent them to a person for replacement.
+    replace: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Figures:
     decisions: list[DecisionCount]
     outcomes: list[Outcomes]
@@ -73,3 +89,4 @@ class Figures:
     mismatches: list[Mismatches]
     # Drills by outcome: asked (not planned yet), refused, watching, passed, failed, unverified.
     drills: dict[str, int] = field(default_factory=dict)
+    repairs: RepairFigures = field(default_factory=RepairFigures)

@@ -11,13 +11,14 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from webhook.core.decisions import Decision
 from webhook.core.lifecycle import EXECUTED, FAILED, RECORDED
-from webhook.core.repairs import CLOSED, Drained, Move, Repair, Step
+from webhook.core.repairs import CLOSED, REPLACE, UNDER_WAY, Drained, Move, Repair, Step
 from webhook.core.validation import is_number
+from webhook.ledger.figures import RepairFigures
 from webhook.ledger.schema import AlertRow, DecisionEvent, DecisionRow, RepairRow, utc
 
 # Drains a repair follows: carried out, or a dry run (monitor mode) to follow in dry runs too.
@@ -141,6 +142,40 @@ class Repairs:
                 if move.decision is not None:
                     ids = record(s, [move.decision])
             return ids
+
+    @staticmethod
+    def figures(s: Session, since: datetime) -> RepairFigures:
+        """What /metrics reports of the repairs: how many by state and plan (every repair under
+        way, whatever its age; the others begun since `since`), the seconds from each drain to
+        its node back in service (its resume executed) of the repairs begun since `since`, and
+        the nodes whose latest repair sent them to a person for replacement."""
+        r, d, e = RepairRow, DecisionRow, DecisionEvent
+        by_state = {
+            (state, plan): n
+            for state, plan, n in s.execute(
+                select(r.state, r.plan, func.count())
+                .where(or_(r.state.in_(UNDER_WAY), r.started_at >= since))
+                .group_by(r.state, r.plan)
+            ).all()
+        }
+        returned = [
+            (utc(back) - utc(drained)).total_seconds()
+            for drained, back in s.execute(
+                select(r.drained_at, func.min(e.at))
+                .join(d, d.incident == r.key)
+                .join(e, e.decision_id == d.id)
+                .where(r.started_at >= since, d.action == "resume", e.state == EXECUTED)
+                .group_by(r.id, r.drained_at)
+            ).all()
+        ]
+        last = select(r.node, func.max(r.seq).label("seq")).group_by(r.node).subquery()
+        replace = s.scalars(
+            select(r.node)
+            .join(last, (last.c.node == r.node) & (last.c.seq == r.seq))
+            .where(r.state == REPLACE)
+            .order_by(r.node)
+        ).all()
+        return RepairFigures(by_state, returned, list(replace))
 
 
 def _alerts(evidence: Any) -> list[dict[str, Any]]:

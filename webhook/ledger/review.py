@@ -27,6 +27,8 @@ from webhook.core.lifecycle import (
     IllegalTransition,
 )
 from webhook.core.notices import Open, Owner
+from webhook.core.repair_view import NodeView
+from webhook.core.repair_view import node_views as _node_views
 from webhook.core.trial import Judged
 from webhook.core.verdicts import OperatorVerdict
 from webhook.ledger.schema import (
@@ -38,7 +40,7 @@ from webhook.ledger.schema import (
     VerdictRow,
     utc,
 )
-from webhook.ledger.settings import Modes
+from webhook.ledger.settings import CorruptSetting, Modes, Nodes
 from webhook.ledger.store import Ledger
 
 
@@ -349,3 +351,15 @@ def node_records(ledger: Ledger, since: datetime) -> list[NodeRecord]:
     window = timedelta(seconds=modes.repeats_window_seconds)
     apart = timedelta(seconds=modes.repeats_apart_seconds)
     return lemons(ledger.node_failures(since), window, modes.repeats_count, apart)
+
+
+def node_views(ledger: Ledger, since: datetime) -> list[NodeView]:
+    """Each node's failures since `since` beside its repairs begun since then and its state in
+    the loop's cluster view, the nodes waiting for replacement first, then the lemons
+    (`slurmedic nodes`, the console's nodes page)."""
+    try:
+        seen = ledger.setting(Nodes).root
+    except CorruptSetting:
+        seen = {}  # the loop writes it anew; until then, no node's state is known
+    statuses = {node: info.status for node, info in seen.items()}
+    return _node_views(node_records(ledger, since), ledger.repairs.listed(since), statuses)

@@ -68,6 +68,7 @@ from webhook.core.validation import describe
 from webhook.ledger import migrate
 from webhook.ledger.drills import Drills
 from webhook.ledger.figures import (
+    REPAIRS_WINDOW,
     DecisionCount,
     Figures,
     Mismatches,
@@ -905,6 +906,7 @@ class Ledger:
                 ).all()
             ]
             drills = Drills.outcomes(s)
+            repairs = Repairs.figures(s, datetime.now(UTC) - REPAIRS_WINDOW)
         return Figures(
             counts,
             outcomes,
@@ -915,6 +917,7 @@ class Ledger:
             escalations,
             mismatches,
             drills,
+            repairs,
         )
 
     def record_begins(self) -> datetime | None:

@@ -298,11 +298,13 @@ def ask_drill() -> Any:
 @console.route("/nodes")
 @require("viewer")
 def nodes() -> Any:
-    """Each node's failures over the last `days` days, the lemons first (`slurmedic nodes`)."""
+    """Each node's failures over the last `days` days beside its repairs (why it left service,
+    since when, each repair and its steps), the nodes waiting for replacement first, then the
+    lemons (`slurmedic nodes`, `slurmedic repairs`)."""
     days = request.args.get("days", "30")
     if not is_number(days) or not 1 <= int(days) <= 3650:
         abort(400, f"days: {days!r} is not a whole number of days from 1 to 3650")
-    rows = review.node_records(ledger(), now() - timedelta(days=int(days)))
+    rows = review.node_views(ledger(), now() - timedelta(days=int(days)))
     return render_template("console/nodes.html", rows=rows, days=int(days))
 
 
