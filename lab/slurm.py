@@ -71,7 +71,11 @@ def render_slurm_conf(cfg: LabConfig) -> str:
         "SchedulerParameters=bf_interval=1,sched_interval=1",
         "GresTypes=gpu",
         "TopologyPlugin=topology/tree",
-        "ReturnToService=2",
+        # A node that was down only for not answering returns when its slurmd does (a killed
+        # slurmd, restarted); one set down on purpose stays down: slurmedic's reboot
+        # (nextstate=DOWN) keeps the node out of service until its health check passes,
+        # which ReturnToService=2 would not (docs/repairs.md).
+        "ReturnToService=1",
         "SlurmdParameters=config_overrides",
         *accounting_lines(cfg),
         "JobCompType=jobcomp/none",

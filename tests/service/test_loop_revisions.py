@@ -60,7 +60,8 @@ def loop(ledger: Ledger, policy: Policy, clock: Clock) -> LiveLoop:
 
 def test_an_idle_node_is_drained_at_each_failure_across_restarts(tmp_path: Path) -> None:
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    policy = load_policy({"settle_seconds": 5})
+    # The node's repairs are not what this is about (tests/service/test_loop_repairs.py).
+    policy = load_policy({"settle_seconds": 5, "repairs": {"enabled": False}})
     clock = Clock()
     keys = []
     for n in range(3):
@@ -270,7 +271,8 @@ def test_a_restart_does_not_turn_a_decided_alert_into_a_new_failure_of_an_idle_n
 def idle_node_fault(tmp_path: Path) -> tuple[Ledger, Policy, Clock, LiveLoop]:
     """XID 79 on the idle gpu07, delivered 2 s after it began, and a loop over that ledger."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    policy = load_policy({"settle_seconds": 5})
+    # The node's repairs are not what this is about (tests/service/test_loop_repairs.py).
+    policy = load_policy({"settle_seconds": 5, "repairs": {"enabled": False}})
     clock = Clock()
     clock.now = T0 + timedelta(seconds=2)
     deliver(ledger, clock.now, xid79("gpu07", T0))
@@ -563,7 +565,8 @@ def test_an_alert_of_two_jobs_goes_back_to_both_after_a_restart(
     each. After a restart both get it back (found in review: only the first did, and the
     other, its job failing, was decided from nothing, a requeue of an 'unknown' failure)."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    policy = load_policy({"settle_seconds": 5})
+    # The node's repairs are not what this is about (tests/service/test_loop_repairs.py).
+    policy = load_policy({"settle_seconds": 5, "repairs": {"enabled": False}})
     clock, jobs = Clock(), {42: "RUNNING", 43: "RUNNING"}
 
     def serve() -> LiveLoop:

@@ -207,6 +207,15 @@ class SlurmCluster:
         out = self._run("sacctmgr", "-nP", "show", "user", user, "format=adminlevel")
         return out.strip().splitlines()[0] if out.strip() else "None"
 
+    def settings(self) -> dict[str, str]:
+        """slurmctld's running configuration (`scontrol show config`), key to value."""
+        found = {}
+        for line in self._run("scontrol", "show", "config").splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                found[key.strip()] = value.strip()
+        return found
+
 
 def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> str:
     """A Slurm client command's stdout; SlurmError naming the command and what it said."""

@@ -213,6 +213,7 @@ def _slurm(site: Site) -> Iterator[Finding]:
         f"Slurm {snap.release}: {len(snap.nodes):,} nodes in {len(partitions)} partition(s), "
         f"{len(snap.jobs):,} job(s), {len(snap.switches)} switch(es) in its topology",
     )
+    yield from _reboots(site, cluster)
     user = pwd.getpwuid(os.getuid()).pw_name
     if os.getuid() == 0:
         yield Finding("slurm rights", "ok", "runs as root: Slurm allows every command it runs")
@@ -247,6 +248,39 @@ def _slurm(site: Site) -> Iterator[Finding]:
             f"runs as {user}, AdminLevel {level}: slurmctld refuses it every action on "
             "other users' jobs and on nodes",
             fix,
+        )
+
+
+def _reboots(site: Site, cluster: SlurmCluster) -> Iterator[Finding]:
+    """What the repairs' reboots need of Slurm (docs/repairs.md): a RebootProgram, and a
+    ReturnToService that keeps a node rebooted with nextstate=DOWN down until its check."""
+    if site.policy is not None and not site.policy.repairs.enabled:
+        return
+    try:
+        conf = cluster.settings()
+    except SlurmError as e:
+        yield Finding("slurm reboots", "warn", f"slurmctld's configuration not read ({e})")
+        return
+    program = conf.get("RebootProgram", "(null)")
+    rts = conf.get("ReturnToService", "")
+    if program in ("", "(null)"):
+        yield Finding(
+            "slurm reboots",
+            "warn",
+            "no RebootProgram in slurm.conf: slurmedic's reboots (repairs) would fail",
+            "set RebootProgram, or give reboots to people (repairs in docs/repairs.md)",
+        )
+    elif rts == "2":
+        yield Finding(
+            "slurm reboots",
+            "warn",
+            "ReturnToService=2 returns a rebooted node to service as it registers, before "
+            "slurmedic's health check (nextstate=DOWN is not kept)",
+            "set ReturnToService=1 (docs/repairs.md)",
+        )
+    else:
+        yield Finding(
+            "slurm reboots", "ok", f"RebootProgram {program}, ReturnToService={rts or '?'}"
         )
 
 

@@ -287,6 +287,7 @@ def folded(drained: Drained, into: Repair) -> Move:
     incident on it): that repair covers it."""
     return Move(ENDED, f"drain {drained.drain} of {drained.node}: repaired under {into.key}")
 
+
 def _start(
     repair: Repair, node: Node, policy: Policy, now: datetime, in_repair: int
 ) -> Move | None:
@@ -316,7 +317,7 @@ def _repaired(repair: Repair, node: Node, policy: Policy, now: datetime) -> Move
         return None
     if action == "reboot" and not repair.dry_run:
         done_at = step.done_at or step.at
-        if not _came_back(node, done_at):
+        if not _came_back(repair, node):
             if now - done_at > policy.repairs.reboot_timeout:
                 return _replace(
                     repair,
@@ -364,10 +365,16 @@ def _done(step: Step, dry_run: bool) -> bool:
     return step.state == EXECUTED or (dry_run and step.state == RECORDED)
 
 
-def _came_back(node: Node, since: datetime) -> bool:
-    """The node registered again after its reboot: Slurm no longer holds the reboot, and it
-    answers (a node rebooted with nextstate=DOWN comes back down, with slurmedic's reason)."""
-    return not node.rebooting and not node.status.endswith("*")
+def _came_back(repair: Repair, node: Node) -> bool:
+    """The node registered again after its reboot: Slurm no longer holds the reboot, it answers,
+    and it shows the reboot's reason (a node rebooted with nextstate=DOWN comes back down,
+    `slurmedic: repair:gpu02 reboot : reboot issued : reboot complete`): a view read before
+    the reboot was asked for shows the drain's."""
+    return (
+        not node.rebooting
+        and not node.status.endswith("*")
+        and node.reason.startswith(f"{REASON}{repair.key} ")
+    )
 
 
 def _taken_over(repair: Repair, node: Node, now: datetime) -> str | None:
@@ -379,6 +386,12 @@ def _taken_over(repair: Repair, node: Node, now: datetime) -> str | None:
     if node.in_service:
         if now - repair.drained.at < VIEW_LAG:
             return None
+        if (reboot := repair.last("reboot")) is not None and reboot.state == EXECUTED:
+            return (
+                f"{repair.node} came back in service as it registered after its reboot, before "
+                "its health check: Slurm's ReturnToService=2 returns a rebooted node whatever "
+                "nextstate says (docs/repairs.md)"
+            )
         return f"{repair.node} was returned to service by someone else"
     return f"{repair.node} is out of service for a reason not slurmedic's ({node.reason!r})"
 

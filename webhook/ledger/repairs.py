@@ -243,21 +243,24 @@ def _steps(s: Session, keys: list[str]) -> dict[str, tuple[Step, ...]]:
 
 def _verdict(row: DecisionRow, detail: dict[str, Any]) -> tuple[bool | None, str]:
     """A health check's verdict from its run (every node's command exited 0), and what its run
-    said (a check's output's last line, a failure's error)."""
+    said (a failure's error, the exit status of a check that failed and its output's last
+    line where the run kept it)."""
     if "error" in detail:
         return None, str(detail["error"])[:300]
     run = detail.get("run") or {}
     if row.action != "health_check" or not isinstance(run, dict):
         return None, ""
     health = run.get("health") or {}
-    results = [health.get(n) for n in row.nodes]
-    if not results or not all(isinstance(h, dict) for h in results):
+    rcs = [health.get(n) for n in row.nodes]
+    if not rcs or not all(isinstance(rc, int) for rc in rcs):
         return False, "no result from the node"
-    failed = [h for h in results if isinstance(h, dict) and h.get("rc") != 0]
+    failed = [(n, rc) for n, rc in zip(row.nodes, rcs, strict=True) if rc != 0]
     if not failed:
         return True, ""
-    lines = [ln for ln in str(failed[0].get("output", "")).splitlines() if ln.strip()]
-    return False, f"exit {failed[0].get('rc')}" + (f": {lines[-1][:200]}" if lines else "")
+    node, rc = failed[0]
+    said = (run.get("health_output") or {}).get(node, "")
+    lines = [ln for ln in str(said).splitlines() if ln.strip()]
+    return False, f"{node}: exit {rc}" + (f": {lines[-1][:200]}" if lines else "")
 
 
 def _repair(r: RepairRow, steps: tuple[Step, ...]) -> Repair:

@@ -149,7 +149,7 @@ def main() -> None:
     )
     # The person resumes their node once the jobs are done (a drain of some seconds).
     manage.resume_as(cfg, person.PERSON, "gpu08")
-    manage.clear(cfg, dead)  # its slurmd again: the node returns (ReturnToService=2)
+    manage.clear(cfg, dead)  # its slurmd again: the node returns (ReturnToService=1)
     wait(f"{dead} back", lambda: node_states(cfg)[dead] == "idle")
     want = {
         str(completed): ["COMPLETED"],
