@@ -11,14 +11,19 @@ each act is run by this module, which in one process and immediately before the 
   2. reads the object again (`read`: `scontrol show ... --oneliner`) and runs nothing unless
      every record it shows still matches `expect` (field: regular expression, matched whole):
      the attempt the action was decided for, the state the plan saw;
-  3. checks the fence again, and runs `act` (argv, never a shell).
+  3. checks the fence again, and runs `act` (argv, never a shell), for at most `timeout`
+     seconds if given (a GPU reset can hang on a GPU that fell off the bus).
+The module runs where its task runs: on a compute node (reset_gpu.yml) its `read` runs there
+too, with the node's own Slurm client commands.
 What remains is the time from that last check until slurmctld has the command (`window_ms`,
 reported): Slurm offers no conditional requeue, drain or cancel to close it.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import time
 
@@ -35,6 +40,7 @@ options:
   tolerate: {description: "regex: a refusal on stderr that is not a failure", type: str}
   on_stale: {description: "a record not as expected: skip the act, or fail", type: str,
              choices: [skip, fail], default: skip}
+  timeout: {description: "seconds the act may take; 0: no limit", type: int, default: 0}
 """
 
 # `Key=value` in scontrol's --oneliner output; a value runs to the next key (node reasons hold
@@ -72,6 +78,7 @@ def main() -> None:
             "not_after": {"type": "str", "default": ""},
             "tolerate": {"type": "str"},
             "on_stale": {"type": "str", "choices": ["skip", "fail"], "default": "skip"},
+            "timeout": {"type": "int", "default": 0},
         },
         supports_check_mode=True,
     )
@@ -99,20 +106,44 @@ def main() -> None:
     if why := _fenced(p["not_after"]):
         module.fail_json(msg=why, fenced=True, acted=False)
     checked = time.monotonic()
-    act = subprocess.run(p["act"], capture_output=True, text=True, check=False)
+    # A session of its own: at its timeout the command is killed with whatever it started
+    # (which would otherwise hold its output open).
+    try:
+        act = subprocess.Popen(
+            p["act"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    except OSError as e:  # not installed where the task runs (a node without nvidia-smi)
+        module.fail_json(msg=f"{p['act'][0]} could not be run: {e}", acted=False, cmd=p["act"])
+    try:
+        stdout, stderr = act.communicate(timeout=p["timeout"] or None)
+    except subprocess.TimeoutExpired:
+        os.killpg(act.pid, signal.SIGKILL)
+        stdout, stderr = act.communicate()
+        module.fail_json(
+            msg=f"{p['act'][0]} did not end within {p['timeout']} s: killed",
+            acted=True,  # it ran, and may have changed something before it was killed
+            timed_out=True,
+            cmd=p["act"],
+            stdout=stdout,
+            stderr=stderr,
+        )
     window_ms = round((time.monotonic() - checked) * 1000, 1)
     result = {
         "returncode": act.returncode,  # not `rc`: Ansible fails any result whose rc is not 0
-        "stdout": act.stdout,
-        "stderr": act.stderr,
+        "stdout": stdout,
+        "stderr": stderr,
         "cmd": p["act"],
         "window_ms": window_ms,
     }
     if act.returncode == 0:
         module.exit_json(changed=True, acted=True, **result)
-    if p["tolerate"] and re.search(p["tolerate"], act.stderr):
+    if p["tolerate"] and re.search(p["tolerate"], stderr):
         module.exit_json(changed=False, acted=False, **result)
-    module.fail_json(msg=f"{p['act'][0]} failed: {act.stderr.strip()}", acted=False, **result)
+    module.fail_json(msg=f"{p['act'][0]} failed: {stderr.strip()}", acted=False, **result)
 
 
 if __name__ == "__main__":

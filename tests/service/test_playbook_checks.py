@@ -20,9 +20,8 @@ from webhook.executor.runner import PLAYBOOKS, _UnsafeDumper, untrusted
 def run(
     tmp: Path, playbook: str, evars: dict[str, Any], *, unsafe: bool = True
 ) -> tuple[int, list[str], str]:
-    """rc, the tasks that failed, the output. `unsafe`: strings tagged !unsafe, as slurmedic
-    passes them (Ansible then reads a number-like one, "2461\\n", as the number: such values
-    reach the checks only untagged)."""
+    """rc, the tasks that failed, the output. `unsafe`: the request as slurmedic writes it (one
+    mapping tagged !unsafe); else plain YAML, untagged, as a caller of its own may write it."""
     (tmp / "hosts.yml").write_text(
         yaml.safe_dump(
             {

@@ -37,3 +37,5 @@ DRAIN_REASON = _pattern(_VARS, "slurmedic_reason_pattern")
 INCIDENT = _pattern(_VARS, "slurmedic_incident_pattern")
 # A replica's fence file (webhook/executor/fence.py): an absolute path of plain characters.
 FENCE = _pattern(_VARS, "slurmedic_fence_pattern")
+# One element of a health check's command (argv): printable ASCII, no newline.
+ARGV = _pattern(_VARS, "slurmedic_argv_pattern")

@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from webhook import resources
-from webhook.core.patterns import DRAIN_REASON, FENCE, INCIDENT, NODE_NAME
+from webhook.core.patterns import ARGV, DRAIN_REASON, FENCE, INCIDENT, NODE_NAME
 from webhook.executor import cgroup
 from webhook.executor.cgroup import RunGroup
 
@@ -35,6 +35,7 @@ ACT = "slurmedic_act"  # playbooks/library/slurmedic_act.py: every command that 
 OUTCOMES = ("runner_on_ok", "runner_on_failed")
 
 NodeName = Annotated[str, StringConstraints(pattern=NODE_NAME.pattern)]
+ArgvElement = Annotated[str, StringConstraints(pattern=ARGV.pattern)]
 
 
 class _Vars(BaseModel):
@@ -72,12 +73,35 @@ class DiagnosticsVars(_Vars):
     slurmedic_tail_lines: int = Field(default=200, ge=1, le=10000)
 
 
+class ResetVars(_Vars):
+    slurmedic_nodes: list[NodeName] = Field(min_length=1)
+    slurmedic_incident: str = Field(pattern=INCIDENT.pattern)
+
+
+class RebootVars(_Vars):
+    slurmedic_nodes: list[NodeName] = Field(min_length=1)
+    slurmedic_reason: str = Field(pattern=DRAIN_REASON.pattern)
+
+
+class HealthCheckVars(_Vars):
+    slurmedic_nodes: list[NodeName] = Field(min_length=1)
+    slurmedic_incident: str = Field(pattern=INCIDENT.pattern)
+    # The policy's command; a node's inventory may name its own (slurmedic_health_check), which
+    # then wins: an extra var of the same name would override every inventory's.
+    slurmedic_health_check_default: list[ArgvElement] = Field(min_length=1, max_length=32)
+    # A DCGM diagnostic at level 2 takes minutes; level 3 and 4 take longer.
+    slurmedic_health_check_timeout: int = Field(default=1800, ge=1, le=86400)
+
+
 PLAYBOOK_VARS: dict[str, type[_Vars]] = {
     "collect_diagnostics": DiagnosticsVars,
     "drain_nodes": DrainVars,
     "resume_nodes": ResumeVars,
     "requeue_job": RequeueVars,
     "stop_job": StopVars,
+    "reset_gpu": ResetVars,
+    "reboot_nodes": RebootVars,
+    "health_check": HealthCheckVars,
 }
 
 
@@ -106,6 +130,11 @@ class RunResult:
     # Each act's time from its last check (the fence, Slurm's state) to its command's end, ms
     windows: list[float] = field(default_factory=list)
     fenced: bool = False  # an act refused: the replica's term may have ended
+    # reset_gpu, health_check: each node's {"rc": int, "output": str} (the output's last 200
+    # lines). rc -1: nothing was run there (not due, unreachable, not in the inventory), the
+    # output saying why. A check that passed has rc 0. Real runs only: check mode runs neither.
+    reset: dict[str, dict[str, Any]] = field(default_factory=dict)
+    health: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -126,6 +155,9 @@ class RunResult:
             **({"after": self.after} if self.after else {}),
             **({"windows_ms": self.windows} if self.windows else {}),
             **({"fenced": True} if self.fenced else {}),
+            # The rc of each node's reset or check; their outputs are kept as artifacts.
+            **({"reset": {n: r["rc"] for n, r in self.reset.items()}} if self.reset else {}),
+            **({"health": {n: r["rc"] for n, r in self.health.items()}} if self.health else {}),
         }
 
 
@@ -154,7 +186,19 @@ def reported(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 class _Unsafe(str):
-    """A string Ansible must never template (YAML `!unsafe`)."""
+    """A string Ansible must never template, on its own (YAML `!unsafe`)."""
+
+
+class _UnsafeMap(dict[str, Any]):
+    """A mapping Ansible must never template, nor anything it holds: one `!unsafe` over the
+    whole, not one per string. Ansible (2.19) resolves the scalar under an `!unsafe` tag again
+    as if unquoted (`!unsafe "02"` is the number 2, `!unsafe "true"` a boolean), while the
+    quoted strings inside a tagged mapping stay strings and are data all the same (a health
+    check's argv keeps its "2")."""
+
+
+class _UnsafeList(list[Any]):
+    """A list as _UnsafeMap."""
 
 
 class _UnsafeDumper(yaml.SafeDumper):
@@ -166,16 +210,26 @@ class _UnsafeDumper(yaml.SafeDumper):
 _UnsafeDumper.add_representer(
     _Unsafe, lambda dumper, value: dumper.represent_scalar("!unsafe", str(value), style='"')
 )
+_UnsafeDumper.add_representer(
+    str, lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
+)
+_UnsafeDumper.add_representer(
+    _UnsafeMap, lambda dumper, value: dumper.represent_mapping("!unsafe", dict(value))
+)
+_UnsafeDumper.add_representer(
+    _UnsafeList, lambda dumper, value: dumper.represent_sequence("!unsafe", list(value))
+)
 
 
 def untrusted(value: Any) -> Any:
-    """`value` with every string (mapping keys aside) an _Unsafe."""
+    """`value` tagged `!unsafe` as one node when dumped with _UnsafeDumper: everything in it is
+    data to Ansible, never a template."""
     if isinstance(value, str):
         return _Unsafe(value)
     if isinstance(value, dict):
-        return {k: untrusted(v) for k, v in value.items()}
+        return _UnsafeMap(value)
     if isinstance(value, list | tuple):
-        return [untrusted(v) for v in value]
+        return _UnsafeList(value)
     return value
 
 
@@ -267,18 +321,40 @@ def _run(
                 if isinstance(res.get("window_ms"), int | float):
                     result.windows.append(float(res["window_ms"]))
                 result.fenced = result.fenced or bool(res.get("fenced"))
-        stats = reported(events)
-        result.commands = [str(c) for c in stats.get("slurmedic_commands", [])]
-        result.successor_nodes = [str(n) for n in stats.get("slurmedic_successor_nodes", [])]
-        before = stats.get("slurmedic_before", {})
-        result.before = (
-            {str(k): str(v) for k, v in before.items()} if isinstance(before, dict) else {}
-        )
-        after = stats.get("slurmedic_after", {})
-        result.after = after if isinstance(after, dict) else {}
-        diagnostics = stats.get("slurmedic_diagnostics", {})
-        result.diagnostics = {str(h): d for h, d in diagnostics.items() if isinstance(d, dict)}
+        take_stats(result, reported(events))
         result.output = r.stdout.read() if r.stdout else ""
         return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def take_stats(result: RunResult, stats: dict[str, Any]) -> None:
+    """Fill `result` from what its playbook reported (`reported`)."""
+    result.commands = [str(c) for c in stats.get("slurmedic_commands", [])]
+    result.successor_nodes = [str(n) for n in stats.get("slurmedic_successor_nodes", [])]
+    before = stats.get("slurmedic_before", {})
+    result.before = {str(k): str(v) for k, v in before.items()} if isinstance(before, dict) else {}
+    after = stats.get("slurmedic_after", {})
+    result.after = after if isinstance(after, dict) else {}
+    diagnostics = stats.get("slurmedic_diagnostics", {})
+    result.diagnostics = {str(h): d for h, d in diagnostics.items() if isinstance(d, dict)}
+    result.reset = node_results(stats.get("slurmedic_reset"))
+    result.health = node_results(stats.get("slurmedic_health"))
+
+
+def node_results(value: Any) -> dict[str, dict[str, Any]]:
+    """{node: {"rc": int, "output": str}} from a playbook's per-node stats: an rc that is no
+    number (a playbook's mistake) reads as -1, as a command that never ran."""
+    if not isinstance(value, dict):
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+    for node, res in value.items():
+        if not isinstance(res, dict):
+            continue
+        rc = res.get("rc")
+        try:
+            code = int(str(rc).strip()) if not isinstance(rc, bool) else -1
+        except ValueError:
+            code = -1
+        found[str(node)] = {"rc": code, "output": str(res.get("output") or "")}
+    return found
