@@ -41,6 +41,9 @@ class RepairLoop:
         # from a drain's evidence.
         self.xids: dict[str, int] = {}
         self.rebooting: set[str] = set()
+        # The reason Slurm shows for each node slurmedic took out of service: its drain's, then
+        # its reboot's (the core counts a reboot done once the node shows it).
+        self.reasons: dict[str, str] = {}
 
     def heard(self, alert: Alert) -> None:
         xid = alert.labels.get("xid", "")
@@ -62,6 +65,7 @@ class RepairLoop:
             drained = repairs.Drained(
                 name, next(self.drains), d.incident, d.cause, now, True, alerts, PARTITION
             )
+            self.reasons[name] = f"{REASON}{d.incident} {d.cause}"
             mine = self.history.setdefault(name, [])
             current = self.active.get(name)
             if current is not None and current.state != repairs.PROBATION:
@@ -97,7 +101,8 @@ class RepairLoop:
 
     def _node(self, name: str) -> Node:
         """The node as Slurm shows it to the loop: drained or draining, down, not responding
-        (`*`) while its host is dead, rebooting while its reboot runs."""
+        (`*`) while its host is dead, rebooting while its reboot runs, with slurmedic's reason
+        while it is out of service."""
         w = self.world
         n = w.nodes[w.node_index(name)]
         if n.out == "down":
@@ -112,7 +117,7 @@ class RepairLoop:
         return replace(
             w.view.nodes[name],
             status=status,
-            reason=f"{REASON}sim" if n.out else "",
+            reason=self.reasons.get(name, f"{REASON}sim") if n.out else "",
             rebooting=name in self.rebooting,
         )
 
@@ -130,7 +135,7 @@ class RepairLoop:
             # the new drain's repair asks).
             self.world.tally.replaced += 1
         if step is not None:
-            self._run(moved.node, step)
+            self._run(moved, step)
 
     def _keep(self, repair: repairs.Repair) -> None:
         mine = self.history[repair.node]
@@ -140,9 +145,9 @@ class RepairLoop:
         else:
             self.active[repair.node] = repair
 
-    def _run(self, name: str, step: repairs.Step) -> None:
+    def _run(self, repair: repairs.Repair, step: repairs.Step) -> None:
         """Carry a step out, in the model's time for it."""
-        w, times = self.world, self.world.cfg.repairs
+        w, times, name = self.world, self.world.cfg.repairs, repair.node
         node = w.nodes[w.node_index(name)]
         if step.action == "resume":
             self._done(name, step, passed=None)
@@ -156,7 +161,9 @@ class RepairLoop:
         if took is None:
             return  # an escalation: the person's mending is already due
         if step.action == "reboot":
+            # The reboot playbook's reason (`scontrol reboot ASAP nextstate=DOWN reason=...`).
             self.rebooting.add(name)
+            self.reasons[name] = f"{REASON}{repair.key} reboot"
         at = w.now + took.total_seconds()
 
         def finish() -> None:
