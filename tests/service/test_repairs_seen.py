@@ -72,9 +72,13 @@ def begin(ledger: Ledger, node: str, at: datetime, alert: str) -> None:
 
 def step(ledger: Ledger, node: str, at: datetime) -> int | None:
     """The node's repair moved on by the core, on the cluster as Slurm shows it (drained by
-    slurmedic); the id of the step it decided, if any."""
+    slurmedic; back from its reboot down, with the reboot's reason); the id of the step it
+    decided, if any."""
     repair = ledger.repairs.of_node(node, EPOCH)[-1]
     seen = Node(node, "train", "drain", f"slurmedic: node:{node} gpu_hardware", status="drained")
+    if (reboot := repair.last("reboot")) is not None and reboot.state == "executed":
+        back = f"slurmedic: {repair.key} reboot : reboot issued : reboot complete"
+        seen = Node(node, "train", "down", back, status="down")
     move = repairs.advance(repair, seen, POLICY, at, 0)
     assert move is not None, repair
     ids = ledger.save_repair(repair, move, at)
@@ -89,8 +93,9 @@ def run(ledger: Ledger, decision: int | None, at: datetime, **detail: object) ->
 
 
 def health(node: str, rc: int, output: str) -> dict[str, object]:
-    return {"run": {"playbook": "health_check", "status": "successful",
-                    "health": {node: {"rc": rc, "output": output}}}}  # fmt: skip
+    """A health check's run as the executor records it: each node's exit status and output."""
+    run = {"playbook": "health_check", "status": "successful"}
+    return {"run": {**run, "health": {node: rc}, "health_output": {node: output}}}
 
 
 @pytest.fixture(scope="module")
@@ -206,14 +211,15 @@ def test_slurmedic_repairs_says_where_each_stands_and_its_steps(site: Site) -> N
         ("health_check", "executed", False),
         ("escalate", got["gpu13"]["steps"][-1]["state"], None),
     ]
-    assert got["gpu13"]["steps"][1]["detail"] == "exit 1: GPU 3 memory: FAIL"
+    assert got["gpu13"]["steps"][1]["detail"] == "gpu13: exit 1: GPU 3 memory: FAIL"
     assert steps["gpu11"] == [("reboot", "running", None)]
     assert steps["gpu14"] == [("escalate", got["gpu14"]["steps"][0]["state"], None)]
     assert got["gpu14"]["why"] == "GpuRowRemapFailure"
 
     lines = cli(site, "repairs", "--since", "30d", "--state", "replace").output.splitlines()
     assert [line.split()[0] for line in lines] == ["repair:gpu13", "repair:gpu14"]
-    assert "health_check #" in lines[0] and "(failed: exit 1: GPU 3 memory: FAIL)" in lines[0]
+    assert "health_check #" in lines[0]
+    assert "(failed: gpu13: exit 1: GPU 3 memory: FAIL)" in lines[0]
     # The default week: gpu11's repair began 9 days ago, gpu14's 10.
     week = cli(site, "repairs").output.splitlines()
     assert [line.split()[1] for line in week] == ["gpu12", "gpu13"]
