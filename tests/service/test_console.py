@@ -274,7 +274,7 @@ def test_verdicts_are_appended_and_checked(setup: tuple[FlaskClient, Ledger, lis
     url = f"/console/decision/{ids[1]}/verdict"
     missing = client.post(url, data={"csrf_token": csrf, "verdict": "disagree"})
     assert missing.status_code == 400 and "would" in missing.get_data(as_text=True)
-    odd = client.post(url, data={"csrf_token": csrf, "verdict": "disagree", "would": "reboot"})
+    odd = client.post(url, data={"csrf_token": csrf, "verdict": "disagree", "would": "reflash"})
     assert odd.status_code == 400 and "would: Input should be" in odd.get_data(as_text=True)
     form = client.get("/console/incident/7.0").get_data(as_text=True)
     assert '<option value="requeue_anywhere">requeue_anywhere (requeue without' in form
@@ -312,7 +312,7 @@ def test_the_verdict_command(setup: tuple[FlaskClient, Ledger, list[int]], tmp_p
     assert ok.returncode == 0, ok.stderr
     bad = run(str(ids[0]), "unsure", "--would=drain")
     assert bad.returncode == 1 and "would: only a disagreement" in bad.stderr
-    odd = run(str(ids[0]), "disagree", "--would=reboot")
+    odd = run(str(ids[0]), "disagree", "--would=reflash")
     assert odd.returncode == 2 and "'--would'" in odd.stderr and "drain_only" in odd.stderr
     alt = run(str(ids[0]), "disagree", "--would=drain_only", "--by=ops1")
     assert alt.returncode == 0 and "(would drain_only)" in alt.stdout
