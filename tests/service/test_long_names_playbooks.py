@@ -29,7 +29,7 @@ from webhook.ledger.store import Ledger
 
 N64 = "a3-megagpu-8g-pretrain-pool-0001.us-central1-a.c.ml-prd.internal"
 N65 = N64.replace("ml-prd", "ml-prod")
-LONGEST_KEY = str(IncidentKey.of_node(N64, 999_999))  # 76 characters
+LONGEST_KEY = str(IncidentKey.repairing(N64, 999_999))  # 78 characters
 NOTE = "repeat 12 in 7d - hardware suspect RMA"  # words a reason may add: within the 40 kept
 T = datetime(2026, 12, 12, 9, 0, tzinfo=UTC)
 
@@ -162,7 +162,7 @@ def test_slurmedic_refuses_a_65_character_name_before_any_playbook() -> None:
             "Check the request's values",
         ),
     ],
-    ids=["drain-64", "drain-65", "reason-172", "diag-65", "key-77", "resume-65", "requeue-65"],
+    ids=["drain-64", "drain-65", "reason-172", "diag-65", "key-79", "resume-65", "requeue-65"],
 )
 def test_the_playbooks_own_checks_draw_the_line_at_the_bounds(
     tmp_path: Path, playbook: str, evars: dict[str, Any], failed: str

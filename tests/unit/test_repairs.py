@@ -241,3 +241,15 @@ def test_a_move_outside_the_table_is_refused() -> None:
         repair.moved(repairs.PROBATION, T0)
     assert repairs.TRANSITIONS[repairs.DONE] == frozenset()
     assert set(repairs.TRANSITIONS) == repairs.STATES
+
+
+def test_the_policy_s_health_check_is_an_argv_the_playbook_takes() -> None:
+    from webhook.core.policy import PolicyError
+
+    assert load_policy({"repairs": {"health_check": ["nhc", "-a"]}}).repairs.health_check == [
+        "nhc",
+        "-a",
+    ]
+    for bad in (["nhc", "-a\nrm -rf /"], [], ["x"] * 33):
+        with pytest.raises(PolicyError, match=r"^repairs\.health_check"):
+            load_policy({"repairs": {"health_check": bad}})

@@ -17,11 +17,13 @@ from pydantic import (
     Field,
     PlainSerializer,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
 from webhook.core import durations
 from webhook.core.node_names import NodeNames
+from webhook.core.patterns import ARGV
 from webhook.core.validation import describe
 
 Mode = Literal["monitor", "approve", "enforce"]
@@ -188,9 +190,20 @@ class Repairs(_Strict):
     # The site's health check, run on the node after its repair (exit 0: healthy): DCGM's
     # medium diagnostics by default; NHC or any command. An inventory host var
     # `slurmedic_health_check` overrides it per node.
-    health_check: list[str] = Field(default=["dcgmi", "diag", "-r", "2"], min_length=1)
+    health_check: list[str] = Field(
+        default=["dcgmi", "diag", "-r", "2"], min_length=1, max_length=32
+    )
     # How long the health check may run.
     health_check_timeout: Duration = timedelta(minutes=30)
+
+    @field_validator("health_check")
+    @classmethod
+    def _argv(cls, argv: list[str]) -> list[str]:
+        # What the health check playbook's own check takes (an argv, never a shell).
+        for part in argv:
+            if not ARGV.match(part):
+                raise ValueError(f"{part[:40]!r}: printable characters only, 1 to 256, no newline")
+        return argv
 
 
 QualityBetter = Literal["lower", "higher"]

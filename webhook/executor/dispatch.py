@@ -83,8 +83,9 @@ def playbook_for(
         return "health_check", {
             "slurmedic_nodes": row.nodes,
             "slurmedic_incident": row.incident,
-            "slurmedic_health_check": list(repairs.health_check),
-            "slurmedic_probe_timeout": int(repairs.health_check_timeout.total_seconds()),
+            # The policy's command: a node's inventory may name its own (slurmedic_health_check).
+            "slurmedic_health_check_default": list(repairs.health_check),
+            "slurmedic_health_check_timeout": int(repairs.health_check_timeout.total_seconds()),
         }
     if row.action == "drain":
         reason = drain_reason(row.incident, row.cause, row.note or "")
