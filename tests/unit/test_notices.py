@@ -165,3 +165,21 @@ def test_a_stop_is_told_for_a_bounded_time_and_only_once_it_ran() -> None:
 def test_a_stop_slurm_showed_otherwise_after_is_told_to_both() -> None:
     stop = row("stop", mismatch="job 7 was COMPLETED before the stop")
     assert sorted(n.kind for n in notices([stop], NOW)) == ["job_stopped", "mismatch"]
+
+
+def test_a_node_for_replacement_is_a_notice_of_its_own_and_names_no_job() -> None:
+    replace = row(
+        "escalate", guard="replace_node", incident="repair:gpu02:2", job=None,
+        reason="gpu02: failed again after its repair repair:gpu02 (within 7d): replace it",
+    )  # fmt: skip
+    (n,) = notices([replace], NOW, {7: ALICE})
+    assert n.kind == "node_replace"
+    alert = as_alert(n, NOW, timedelta(minutes=1), "https://slurmedic.example.org")
+    got = alert["labels"]
+    assert (got["alertname"], got["severity"]) == ("SlurmedicNodeReplace", "warning")
+    assert "slurm_job_id" not in got and got["incident"] == "repair:gpu02:2"
+    assert alert["annotations"]["summary"].startswith("repair:gpu02:2: replace or service")
+    assert "failed again after its repair" in alert["annotations"]["description"]
+    # Any other escalation stays one.
+    (other,) = notices([row("escalate", guard="repeat_failure")], NOW)
+    assert other.kind == "escalation"

@@ -1,6 +1,6 @@
 """What slurmedic tells people, as alerts of its own (posted to the site's Alertmanager).
 
-Five kinds, each open while it needs a human (or someone should know) and resolved once handled:
+Six kinds, each open while it needs a human (or someone should know) and resolved once handled:
 
     SlurmedicAwaitingApproval  a recommendation waits for approval (with its age): open until
                                approved, rejected or superseded
@@ -14,6 +14,9 @@ Five kinds, each open while it needs a human (or someone should know) and resolv
     SlurmedicJobStopped        slurmedic stopped a job (a stop carried out; a dry run in
                                monitor mode stopped nothing and tells nobody): for the job's
                                owner, open until a verdict on the stop or STOP_OPEN after it ran
+    SlurmedicNodeReplace       a node slurmedic drained goes to a person for replacement or
+                               service, not to another repair (an escalation of guard
+                               replace_node: webhook/core/repairs.py): open until a verdict
 
 Each names the job's owner when it is known (`slurm_user`, `slurm_account`, `slurm_partition`),
 so a site routes the failures of a job's own making to the people who own it and the rest to
@@ -38,13 +41,16 @@ from typing import Any, Literal
 from webhook.core.cluster import Job
 from webhook.core.lifecycle import AWAITING_APPROVAL, EXECUTED
 
-Kind = Literal["awaiting_approval", "escalation", "recovery_failed", "mismatch", "job_stopped"]
+Kind = Literal[
+    "awaiting_approval", "escalation", "recovery_failed", "mismatch", "job_stopped", "node_replace"
+]
 ALERTNAME: dict[Kind, str] = {
     "awaiting_approval": "SlurmedicAwaitingApproval",
     "escalation": "SlurmedicEscalation",
     "recovery_failed": "SlurmedicRecoveryFailed",
     "mismatch": "SlurmedicActionMismatch",
     "job_stopped": "SlurmedicJobStopped",
+    "node_replace": "SlurmedicNodeReplace",
 }
 SEVERITY: dict[Kind, str] = {
     "awaiting_approval": "warning",
@@ -52,7 +58,10 @@ SEVERITY: dict[Kind, str] = {
     "recovery_failed": "critical",
     "mismatch": "critical",
     "job_stopped": "warning",
+    "node_replace": "warning",
 }
+# The escalations that say which kind they are by their guard.
+BY_GUARD: dict[str, Kind] = {"recovery_failed": "recovery_failed", "replace_node": "node_replace"}
 # The label Alertmanager routes slurmedic's notices by (alert_rules/alertmanager.yml).
 SOURCE = ("notice", "slurmedic")
 # How long a stop's notice stays open without a verdict: long enough for its owner to read it
@@ -171,7 +180,7 @@ def _kinds(r: Open, now: datetime) -> list[tuple[Kind, str]]:
     if r.mismatch:
         out.append(("mismatch", r.mismatch))
     elif r.action == "escalate":
-        out.append(("recovery_failed" if r.guard == "recovery_failed" else "escalation", r.reason))
+        out.append((BY_GUARD.get(r.guard or "", "escalation"), r.reason))
     # A stop tells its owner even when Slurm showed otherwise after it (the operators are told
     # that apart); a dry run stopped nothing.
     if r.action == "stop" and r.state == EXECUTED and now - r.at < STOP_OPEN:
@@ -226,6 +235,8 @@ def as_alert(
         "recovery_failed": f"the recovery of incident {n.incident} failed",
         "mismatch": f"the {n.action} of incident {n.incident} left Slurm otherwise than decided",
         "job_stopped": f"slurmedic stopped job {n.job} (incident {n.incident}, {n.cause})",
+        "node_replace": f"{n.incident}: replace or service the node ({n.cause}): no repair "
+        "of slurmedic's mends it",
     }[n.kind]
     return {
         "labels": labels(n),
