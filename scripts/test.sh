@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite: lint, types, rule and config checks on every stack's
 # Prometheus, Alertmanager and mtail, the built wheels from a bare venv (scripts/wheel_check.py),
-# unit and service tests, then the lab tests of every stack at once (each lab test run brings up
-# labs of its own on other ports and leaves nothing running).
+# unit and service tests beside the first stack's lab tests, then the other stacks' lab tests
+# side by side (each lab test run brings up labs of its own on other ports and leaves nothing
+# running).
 #
 # With arguments, they go to one pytest run on the default stack instead, e.g.
 # `./scripts/test.sh -m "not lab"` for the unit tests alone; SLURMEDIC_LAB_STACK picks the stack.
@@ -51,18 +52,13 @@ if [ $# -gt 0 ]; then
 fi
 echo "== the wheels, installed into a bare venv outside the repo (and the reporter alone)"
 SLURMEDIC_LAB_STACK="${STACKS[0]}" python scripts/wheel_check.py
-echo "== pytest: unit and service tests on the ${STACKS[0]} stack"
-SLURMEDIC_LAB_STACK="${STACKS[0]}" pytest -m "not lab"
-# The lab tests of every stack at once: they mostly wait on Slurm's and Prometheus' intervals,
-# and every wait is for an event, never a guessed time, so a loaded machine slows them without
-# reordering them. Each has its own ports
-# (SLURMEDIC_TEST_PORT_BASE, 6000 apart: a run's labs use base..+5000) and its own temporary
-# directory; each one's output is printed when it is done. The mtail program's tests (the lab's
-# lines and the corpus of real ones) ran above on the first stack, and run here on the others.
 logs="$(mktemp -d)"
-pids=()
-i=0
-for stack in "${STACKS[@]}"; do
+# The lab tests of one stack, its output kept in $logs/<stack>.log (printed once it is done):
+# its own ports (SLURMEDIC_TEST_PORT_BASE, 6000 apart: a run's labs use base..+5000) and its
+# own temporary directory. The mtail program's tests (the lab's lines and the corpus of real
+# ones) run in the first stack's unit tests, and here on the others.
+lab_tests() {
+  local stack=$1 i=$2
   (
     export SLURMEDIC_LAB_STACK="$stack" SLURMEDIC_TEST_PORT_BASE=$((27000 - 6000 * i))
     echo "== pytest: lab tests on the $stack stack"
@@ -72,13 +68,27 @@ for stack in "${STACKS[@]}"; do
         pytest -p no:cacheprovider --basetemp="$logs/$stack-mtail" \
           tests/unit/test_mtail_program.py tests/unit/test_joblog_corpus.py
       fi
-  ) >"$logs/$stack.log" 2>&1 &
-  pids+=($!)
-  i=$((i + 1))
-done
+  ) >"$logs/$stack.log" 2>&1
+}
+# Two at a time, as the machine (two cores) carries them: the first stack's lab tests, which
+# mostly wait on Slurm's and Prometheus' intervals, beside the unit and service tests, which
+# mostly compute; then the other stacks' lab tests side by side.
 failed=0
+lab_tests "${STACKS[0]}" 0 &
+first=$!
+echo "== pytest: unit and service tests on the ${STACKS[0]} stack"
+SLURMEDIC_LAB_STACK="${STACKS[0]}" pytest -p no:cacheprovider -m "not lab" || failed=1
+wait "$first" || failed=1
+cat "$logs/${STACKS[0]}.log"
+pids=()
 i=0
-for stack in "${STACKS[@]}"; do
+for stack in "${STACKS[@]:1}"; do
+  i=$((i + 1))
+  lab_tests "$stack" "$i" &
+  pids+=($!)
+done
+i=0
+for stack in "${STACKS[@]:1}"; do
   wait "${pids[$i]}" || failed=1
   cat "$logs/$stack.log"
   i=$((i + 1))
