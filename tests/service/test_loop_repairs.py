@@ -172,7 +172,14 @@ def test_monitor_mode_records_every_step_as_a_dry_run_without_waiting_for_slurm(
     tmp_path: Path,
 ) -> None:
     ledger, _, clock, live = monitor(tmp_path)
-    steps(live, clock, 6)
+    steps(live, clock, 4)
+    # Each step follows once the one before has its dry run (the executor's record).
+    for action in ("reboot", "health_check", "resume"):
+        (row,) = [r for r in ledger.incident_decisions("repair:gpu07") if r.action == action]
+        ledger.add_event(
+            row.id, "recorded", {"by": "executor", "dry_run": {"commands": []}}, clock.now
+        )
+        steps(live, clock, 2)
     repair = the_repair(ledger)
     assert repair.dry_run and repair.state == repairs.PROBATION
     rows = ledger.incident_decisions("repair:gpu07")

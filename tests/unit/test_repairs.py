@@ -229,7 +229,11 @@ def test_a_dry_run_repair_records_every_step_and_waits_for_nothing_in_slurm() ->
         # Its drain did not run: no step may, whatever its own mode says.
         assert (d.mode, d.state) == ("monitor", "recorded")
         actions.append(d.action)
+        # The next step follows once this one's dry run is recorded.
         repair = step(repair.moved(move.state, t), d.action, "recorded", t)
+        assert repairs.advance(repair, node("allocated", ""), policy, t, 0) is None
+        last = replace(repair.steps[-1], done_at=t)
+        repair = replace(repair, steps=(*repair.steps[:-1], last))
     assert actions == ["reboot", "health_check", "resume"]
     move = repairs.advance(repair, node("allocated", ""), policy, t, 0)
     assert move is not None and move.state == repairs.PROBATION

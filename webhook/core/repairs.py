@@ -137,7 +137,7 @@ class Step:
     action: str
     state: str
     at: datetime  # when it was decided
-    done_at: datetime | None = None  # when its run ended (executed or failed)
+    done_at: datetime | None = None  # when its run ended (executed or failed, or its dry run)
     passed: bool | None = None  # a health check's verdict, once it ran
     detail: str = ""  # what its run said: a failure's why, a check's output
 
@@ -362,7 +362,10 @@ def _failed(repair: Repair, step: Step | None, policy: Policy, now: datetime) ->
 
 
 def _done(step: Step, dry_run: bool) -> bool:
-    return step.state == EXECUTED or (dry_run and step.state == RECORDED)
+    """The step ran; in a dry run, its dry run is recorded (the next step's follows it)."""
+    return step.state == EXECUTED or (
+        dry_run and step.state == RECORDED and step.done_at is not None
+    )
 
 
 def _came_back(repair: Repair, node: Node) -> bool:

@@ -224,7 +224,11 @@ def _steps(s: Session, keys: list[str]) -> dict[str, tuple[Step, ...]]:
         events.setdefault(ev.decision_id, []).append(ev)
     out: dict[str, list[Step]] = {}
     for r in rows:
-        ran = [e for e in events.get(r.id, []) if e.state in (EXECUTED, FAILED)]
+        ran = [
+            e
+            for e in events.get(r.id, [])
+            if e.state in (EXECUTED, FAILED) or (e.state == RECORDED and "dry_run" in e.detail)
+        ]
         detail = ran[-1].detail if ran else {}
         passed, said = _verdict(r, detail)
         out.setdefault(r.incident, []).append(
