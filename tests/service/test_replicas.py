@@ -309,7 +309,9 @@ def test_the_loop_reads_an_alert_row_committed_below_ids_it_has_read(ledger: Led
     from webhook.ledger.schema import AlertRow
 
     clock = Clock()
-    loop = LiveLoop(ledger, load_policy({"settle_seconds": 5}), view, clock=clock)
+    loop = LiveLoop(
+        ledger, load_policy({"settle_seconds": 5, "repairs": {"enabled": False}}), view, clock=clock
+    )
     alert(ledger, "GpuXidNodeFault", "gpu_hw", "gpu01", 1, T0)
     alert(ledger, "GpuXidNodeFault", "gpu_hw", "gpu02", 2, T0)
     # Take the first row out and put it back after the second was read: it comes back with
