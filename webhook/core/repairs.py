@@ -282,10 +282,14 @@ def failed_on_probation(repair: Repair) -> Move:
     return Move(REPLACE, f"{repair.node} failed again within its probation")
 
 
-def folded(drained: Drained, into: Repair) -> Move:
+def folded(drained: Drained, seq: int, into: Repair, now: datetime) -> tuple[Repair, Move]:
     """A drain of a node whose repair is under way (its fault alerting again, a second
-    incident on it): that repair covers it."""
-    return Move(ENDED, f"drain {drained.drain} of {drained.node}: repaired under {into.key}")
+    incident on it): recorded as the node's `seq`-th repair, ended at once, as `into`
+    covers it."""
+    repair = Repair(drained.node, seq, drained, into.plan, into.why, started=now, since=now)
+    return repair, Move(
+        ENDED, f"drain {drained.drain} of {drained.node}: repaired under {into.key}"
+    )
 
 
 def _start(
@@ -296,7 +300,7 @@ def _start(
     cap = policy.repairs.max_in_repair
     if in_repair >= cap:
         return None  # the cap on nodes in repair: it waits its turn
-    first = "health_check" if repair.plan == "health_check" else repair.plan
+    first = repair.plan  # begin sent a plan of `replace` to a person already
     state = CHECKING if first == "health_check" else REPAIRING
     what = {
         "reset_gpu": "reset its GPUs",
@@ -399,18 +403,26 @@ def _taken_over(repair: Repair, node: Node, now: datetime) -> str | None:
     return f"{repair.node} is out of service for a reason not slurmedic's ({node.reason!r})"
 
 
-def _step(repair: Repair, action: str, now: datetime, policy: Policy) -> Decision:
-    d = Decision(
+def _decision(
+    repair: Repair, action: str, now: datetime, reason: str, guard: str | None = None
+) -> Decision:
+    """A decision of the repair, about its node, citing the drain it repairs."""
+    return Decision(
         at=now,
         incident=repair.key,
         job=None,
         action=action,
         cause=repair.drained.cause,
-        reason=f"{repair.node}: {action.replace('_', ' ')} ({repair.why})",
+        reason=f"{repair.node}: {reason}",
         nodes=(repair.node,),
         evidence=({"drain": repair.drained.drain, "incident": repair.drained.incident},),
+        guard=guard,
     )
-    d = with_mode(d, policy, repair.drained.partition)
+
+
+def _step(repair: Repair, action: str, now: datetime, policy: Policy) -> Decision:
+    reason = f"{action.replace('_', ' ')} ({repair.why})"
+    d = with_mode(_decision(repair, action, now, reason), policy, repair.drained.partition)
     if repair.dry_run and d.mode != "monitor":
         # Its drain did not run: nothing of its repair may run either.
         d = replace(d, mode="monitor", state=RECORDED, guard="drain_not_run")
@@ -418,17 +430,7 @@ def _step(repair: Repair, action: str, now: datetime, policy: Policy) -> Decisio
 
 
 def _replace(repair: Repair, now: datetime, policy: Policy, why: str) -> Move:
-    d = Decision(
-        at=now,
-        incident=repair.key,
-        job=None,
-        action="escalate",
-        cause=repair.drained.cause,
-        reason=f"{repair.node}: {why}",
-        nodes=(repair.node,),
-        evidence=({"drain": repair.drained.drain, "incident": repair.drained.incident},),
-        guard=REPLACE_GUARD,
-    )
+    d = _decision(repair, "escalate", now, why, REPLACE_GUARD)
     return Move(REPLACE, why, with_mode(d, policy, repair.drained.partition))
 
 

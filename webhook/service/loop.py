@@ -490,10 +490,7 @@ class LiveLoop:
             seq = book.last_seq(drained.node) + 1
             current = under_way.get(drained.node)
             if current is not None and current.state != repairs.PROBATION:
-                repair = repairs.Repair(
-                    drained.node, seq, drained, current.plan, current.why, started=now
-                )
-                ids += self.ledger.save_repair(repair, repairs.folded(drained, current), now)
+                ids += self.ledger.save_repair(*repairs.folded(drained, seq, current, now), now)
                 continue
             if current is not None:
                 ids += self.ledger.save_repair(current, repairs.failed_on_probation(current), now)
