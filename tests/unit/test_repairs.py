@@ -257,3 +257,16 @@ def test_the_policy_s_health_check_is_an_argv_the_playbook_takes() -> None:
     for bad in (["nhc", "-a\nrm -rf /"], [], ["x"] * 33):
         with pytest.raises(PolicyError, match=r"^repairs\.health_check"):
             load_policy({"repairs": {"health_check": bad}})
+
+
+def test_a_dry_run_s_second_alert_of_the_same_fault_is_no_failure_on_probation() -> None:
+    dry = replace(started(drained(("GpuXidNodeFault", 79), ran=False)), state=repairs.PROBATION)
+    again = replace(drained(("GpuMissing", None), ran=False), drain=8, at=T0 + timedelta(minutes=1))
+    assert repairs.covers(dry, again, MONITOR)
+    later = replace(again, at=T0 + MONITOR.repeats.apart + timedelta(minutes=1))
+    assert not repairs.covers(dry, later, MONITOR)
+    # A repair that ran: failing again on probation is a failure however soon.
+    ran = replace(started(drained(("GpuXidNodeFault", 79))), state=repairs.PROBATION)
+    assert not repairs.covers(ran, replace(again, ran=True), ENFORCE)
+    # Under way, it covers any drain of its node.
+    assert repairs.covers(started(drained(("GpuXidNodeFault", 79))), later, ENFORCE)

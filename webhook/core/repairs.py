@@ -282,6 +282,20 @@ def failed_on_probation(repair: Repair) -> Move:
     return Move(REPLACE, f"{repair.node} failed again within its probation")
 
 
+def covers(current: Repair, drained: Drained, policy: Policy) -> bool:
+    """Whether the node's current repair covers a new drain of it: it is under way, or it only
+    dry-ran and the drain comes less than `repeats.apart` after its own (monitor mode's chain
+    ends in seconds; the same fault's second alert, XID 79 then the GPU missing, is no failure
+    on probation, as failures.distinct judges a node's drains)."""
+    if current.state in UNDER_WAY:
+        return True
+    return (
+        current.state == PROBATION
+        and current.dry_run
+        and drained.at - current.drained.at < policy.repeats.apart
+    )
+
+
 def folded(drained: Drained, seq: int, into: Repair, now: datetime) -> tuple[Repair, Move]:
     """A drain of a node whose repair is under way (its fault alerting again, a second
     incident on it): recorded as the node's `seq`-th repair, ended at once, as `into`

@@ -489,7 +489,7 @@ class LiveLoop:
         for drained in book.new_drains(now - REPAIR_LOOKBACK, frozenset(DRAIN_CAUSES)):
             seq = book.last_seq(drained.node) + 1
             current = under_way.get(drained.node)
-            if current is not None and current.state != repairs.PROBATION:
+            if current is not None and repairs.covers(current, drained, policy):
                 ids += self.ledger.save_repair(*repairs.folded(drained, seq, current, now), now)
                 continue
             if current is not None:
