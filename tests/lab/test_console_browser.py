@@ -2,7 +2,8 @@
 lab's real slurmedic in approve mode: a GPU fault on a running job becomes an incident waiting
 for approval; the approver logs in, finds it in the queue and by filter, reads the exact
 scontrol commands of the dry runs before approving, records a verdict, approves the whole
-incident, and Slurm drains the node and requeues the job; the trial report counts the verdict.
+incident, and Slurm drains the node and requeues the job; the trial report counts the verdict;
+the nodes page shows the drained node, why it left service and its reboot waiting for approval.
 
 Screenshots of each page go to the test's directory, and to $SLURMEDIC_SCREENSHOTS when set
 (docs/console/ holds the ones the docs show).
@@ -14,6 +15,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,7 @@ CHROMIUM = "/usr/bin/chromium"
 
 @pytest.fixture
 def approve(lab_cfg: LabConfig, tmp_path: Path) -> Iterator[Ledger]:
-    yield serve_slurmedic(lab_cfg, tmp_path, "approve")
+    yield serve_slurmedic(lab_cfg, tmp_path, "approve", repairs={"enabled": True})
     restore(lab_cfg)
 
 
@@ -165,6 +167,28 @@ def test_an_approver_reviews_judges_and_approves_an_incident_in_the_browser(
     )
     expect(page.locator("table.report")).to_contain_text("gpu_hardware")
     shot(page, tmp_path, "trial-report")
+
+    # The nodes page: the drained node, why it left service (linked to the incident), and its
+    # repair, a reboot for an XID 79, waiting for the approver like any action.
+    def reboot_waits() -> bool:
+        return any(
+            r.node == bad
+            and [(s.action, s.state) for s in r.steps] == [("reboot", "awaiting_approval")]
+            for r, _ in approve.repairs.listed(datetime(2000, 1, 1, tzinfo=UTC))
+        )
+
+    eventually(reboot_waits, timeout=60, what=f"the reboot of {bad} awaiting approval")
+    page.get_by_role("link", name="nodes").click()
+    expect(page.get_by_role("heading", name="Nodes out of service")).to_be_visible()
+    row = page.locator(f"#node-{bad}")
+    expect(row).to_contain_text("gpu_hardware")
+    expect(row.get_by_role("link", name=incident)).to_be_visible()
+    expect(row).to_contain_text("reboot")
+    history = page.locator(f"#node-{bad} + tr.history")
+    expect(history).to_contain_text("XID 79")
+    expect(history.locator("ul.steps")).to_contain_text("reboot")
+    expect(history.locator("ul.steps .chip")).to_have_text("awaiting_approval")
+    shot(page, tmp_path, "nodes")
 
     found = review.verdicts_of(approve, [rows["drain"].id])[rows["drain"].id]
     assert [(v.by, v.verdict) for v in found] == [("approver", "agree")]

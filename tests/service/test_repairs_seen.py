@@ -273,13 +273,18 @@ def test_metrics_count_repairs_time_to_return_and_nodes_awaiting_replacement(
         if s.name.startswith(("slurmedic_repair", "slurmedic_nodes_awaiting"))
     }
     repairs_now = {
-        dict(k)["state"] + "/" + dict(k)["plan"]: v
+        "/".join(dict(k)[label] for label in ("state", "plan", "cause")): v
         for (name, k), v in samples.items()
         if name == "slurmedic_repairs" and v
     }
     # gpu11's repair is under way though begun 9 days ago; gpu14's closed one is past the week.
-    assert repairs_now == {"repairing/reboot": 1, "probation/reboot": 1, "replace/reboot": 1}
-    assert samples[("slurmedic_repairs", (("plan", "reset_gpu"), ("state", "waiting")))] == 0
+    assert repairs_now == {
+        "repairing/reboot/gpu_hardware": 1,
+        "probation/reboot/gpu_hardware": 1,
+        "replace/reboot/gpu_hardware": 1,
+    }
+    zero = (("cause", ""), ("plan", "reset_gpu"), ("state", "waiting"))
+    assert samples[("slurmedic_repairs", zero)] == 0
     assert samples[("slurmedic_repair_return_seconds_count", ())] == 1
     assert samples[("slurmedic_repair_return_seconds_sum", ())] == 40 * 60
     assert samples[("slurmedic_repair_return_seconds_bucket", (("le", "1800.0"),))] == 0
@@ -301,6 +306,6 @@ def test_the_repairs_figures_on_both_backends(ledger: Ledger) -> None:
     step(ledger, "gpu12", t + 41 * m)
     fig = ledger.figures().repairs
     # gpu14's repair is closed and older than the week: not counted, but still its node's latest.
-    assert fig.by_state == {("probation", "reboot"): 1}
+    assert fig.by_state == {("probation", "reboot", "gpu_hardware"): 1}
     assert fig.returned == [40 * 60]
     assert fig.replace == ["gpu14"]

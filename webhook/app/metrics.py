@@ -319,15 +319,17 @@ class LedgerCollector(Collector):
         to return to service, and the nodes a person must replace."""
         fam = GaugeMetricFamily(
             "slurmedic_repairs",
-            "Repairs of nodes slurmedic drained, by state and plan: every one under way "
-            "(waiting, repairing, checking, resuming), the others begun within the last 7 days.",
-            labels=["state", "plan"],
+            "Repairs of nodes slurmedic drained, by state, plan and the cause of the drain: "
+            "every one under way (waiting, repairing, checking, resuming), the others begun "
+            "within the last 7 days.",
+            labels=["state", "plan", "cause"],
         )
-        # The states under way exist from the start, at zero: a stacked panel shows none.
-        counts = {(state, plan): 0 for state in UNDER_WAY for plan in PLANS_UNDER_WAY}
+        # The states under way exist from the start, at zero and with no cause (an empty label
+        # is no label to Prometheus): a stacked panel shows none rather than no data.
+        counts = {(state, plan, ""): 0 for state in UNDER_WAY for plan in PLANS_UNDER_WAY}
         counts.update(fig.by_state)
-        for (state, plan), n in sorted(counts.items()):
-            fam.add_metric([state, plan], n)
+        for key, n in sorted(counts.items()):
+            fam.add_metric(list(key), n)
         yield fam
         yield _histogram(
             "slurmedic_repair_return_seconds",

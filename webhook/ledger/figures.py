@@ -68,8 +68,9 @@ class Mismatches:
 class RepairFigures:
     """The repairs of nodes slurmedic drained (webhook/ledger/repairs.py, `Repairs.figures`)."""
 
-    # (state, plan): how many; every repair under way, the closed ones begun in the window.
-    by_state: dict[tuple[str, str], int] = field(default_factory=dict)
+    # (state, plan, the drain's cause): how many; every repair under way, the closed ones begun
+    # in the window.
+    by_state: dict[tuple[str, str, str], int] = field(default_factory=dict)
     # Seconds from the drain to the node back in service (its resume executed), of the repairs
     # begun in the window that got there.
     returned: list[float] = field(default_factory=list)

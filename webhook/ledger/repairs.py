@@ -145,17 +145,18 @@ class Repairs:
 
     @staticmethod
     def figures(s: Session, since: datetime) -> RepairFigures:
-        """What /metrics reports of the repairs: how many by state and plan (every repair under
-        way, whatever its age; the others begun since `since`), the seconds from each drain to
-        its node back in service (its resume executed) of the repairs begun since `since`, and
-        the nodes whose latest repair sent them to a person for replacement."""
+        """What /metrics reports of the repairs: how many by state, plan and the drain's cause
+        (every repair under way, whatever its age; the others begun since `since`), the seconds
+        from each drain to its node back in service (its resume executed) of the repairs begun
+        since `since`, and the nodes whose latest repair sent them to a person for
+        replacement."""
         r, d, e = RepairRow, DecisionRow, DecisionEvent
         by_state = {
-            (state, plan): n
-            for state, plan, n in s.execute(
-                select(r.state, r.plan, func.count())
+            (state, plan, cause): n
+            for state, plan, cause, n in s.execute(
+                select(r.state, r.plan, r.cause, func.count())
                 .where(or_(r.state.in_(UNDER_WAY), r.started_at >= since))
-                .group_by(r.state, r.plan)
+                .group_by(r.state, r.plan, r.cause)
             ).all()
         }
         returned = [
