@@ -226,6 +226,20 @@ class LabConfig:
         return self.port_base + 819
 
     @property
+    def slurmrestd_port(self) -> int:
+        """slurmrestd, Slurm's REST API (JWT auth), as Slinky and REST-only sites reach Slurm."""
+        return self.port_base + 820
+
+    @property
+    def slurmrestd_url(self) -> str:
+        return self.url(self.slurmrestd_port)
+
+    @property
+    def jwt_key(self) -> Path:
+        """The key slurmctld signs and checks JWTs with (AuthAltParameters=jwt_key)."""
+        return self.run_dir / "slurm" / "jwt_hs256.key"
+
+    @property
     def receiver_port(self) -> int:
         """Where the lab's Alertmanager sends notifications (slurmedic, or a test receiver)."""
         return self.port_base + 500

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import hostlist
 
-from lab import accounting, monitoring, person, postgres, processes, slurm, stacks
+from lab import accounting, monitoring, person, postgres, processes, slurm, slurmrestd, stacks
 from lab.config import CODE_ROOT, LabConfig
 from lab.faults import (
     SLOW_FACTOR,
@@ -61,6 +61,7 @@ def daemons(cfg: LabConfig) -> list[str]:
         *db,
         "slurmctld",
         *(f"slurmd-{n}" for n in cfg.nodes),
+        "slurmrestd",
         *reversed(MONITORING),
     ]
 
@@ -69,6 +70,7 @@ def daemon_ports(cfg: LabConfig) -> dict[str, list[int]]:
     return {
         "slurmctld": [cfg.slurmctld_port],
         **{f"slurmd-{n}": [cfg.slurmd_port(n)] for n in cfg.nodes},
+        "slurmrestd": [cfg.slurmrestd_port],
         "prometheus": [cfg.prometheus_port],
         "alertmanager": [cfg.alertmanager_port, cfg.alertmanager_gossip_port],
         "pushgateway": [cfg.pushgateway_port],
@@ -151,6 +153,7 @@ def up(cfg: LabConfig) -> float:
     prepare_stack(cfg)
     check_ports(cfg)
     slurm.start_cluster(cfg, before_controller=lambda: start_accounting(cfg))
+    slurmrestd.start(cfg)
     monitoring.start(cfg)
     slurm.wait_nodes_ready(cfg)
     monitoring.wait_ready(cfg)
@@ -166,6 +169,7 @@ def down(cfg: LabConfig, *, purge: bool = False) -> list[int]:
     # slurmedic (while `lab serve`, a test or a bench runs it) first: it acts on the rest.
     for name in ("slurmedic", *MONITORING):
         processes.stop(cfg, name)
+    processes.stop(cfg, "slurmrestd")
     for node in cfg.nodes:
         processes.stop(cfg, f"slurmd-{node}", grace=3.0)
     processes.stop(cfg, "slurmctld")

@@ -8,6 +8,7 @@ seconds rather than minutes.
 
 from __future__ import annotations
 
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -56,6 +57,9 @@ def render_slurm_conf(cfg: LabConfig) -> str:
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={cfg.munge_socket},cred_expire=5",
+        # JWTs for slurmrestd's clients (`scontrol token`), beside munge for everything else.
+        "AuthAltTypes=auth/jwt",
+        f"AuthAltParameters=jwt_key={cfg.jwt_key}",
         f"StateSaveLocation={rd}/slurm/state",
         f"SlurmdSpoolDir={rd}/slurm/spool/%n",
         f"SlurmctldPidFile={rd}/slurm/slurmctld.pid",
@@ -221,6 +225,14 @@ def start_slurmctld(cfg: LabConfig) -> None:
         raise LabError(f"slurmctld did not answer; see {cfg.logs}/slurmctld.log")
 
 
+def write_jwt_key(cfg: LabConfig) -> None:
+    """The JWT signing key slurmctld reads at its start: random, SlurmUser's (root's) alone."""
+    if not cfg.jwt_key.exists():
+        cfg.jwt_key.parent.mkdir(parents=True, exist_ok=True)
+        cfg.jwt_key.write_bytes(secrets.token_bytes(64))
+        cfg.jwt_key.chmod(0o600)
+
+
 def start_slurmd(cfg: LabConfig, node: str, *, rebooted: bool = False) -> None:
     """`rebooted`: the node reports it booted when its slurmd started (slurmd -b), which
     slurmctld needs to see before it counts a reboot as done (lab/reboot.py)."""
@@ -233,13 +245,14 @@ def start_cluster(cfg: LabConfig, *, before_controller: Callable[[], None] | Non
     """munged, slurmctld and every slurmd; `before_controller` runs once munge does (slurmdbd
     authenticates through it, and must be up for slurmctld's first records)."""
     path = cfg.env()["PATH"]
-    tools = ["munged", "slurmctld", "slurmd", "sinfo"]
+    tools = ["munged", "slurmctld", "slurmd", "slurmrestd", "sinfo"]
     if cfg.accounting:
         tools += ["slurmdbd", "sacctmgr"]
     for tool in tools:
         if shutil.which(tool, path=path) is None:
             raise LabError(f"{tool} is not installed: run ./scripts/setup.sh first")
     write_config(cfg)
+    write_jwt_key(cfg)
     start_munge(cfg)
     if before_controller is not None:
         before_controller()

@@ -48,6 +48,8 @@ PACKAGES = (
     "slurmd",
     "slurmdbd",
     "slurm-client",
+    "slurmrestd",
+    "slurm-wlm-jwt-plugin",
     "munge",
     "prometheus",
     "prometheus-alertmanager",
@@ -63,7 +65,7 @@ PACKAGES = (
 
 # Commands of a stack that the lab, slurmedic, the playbooks and the tests call by name.
 COMMANDS = {
-    "sbin": ("slurmctld", "slurmd", "slurmdbd", "munged", "mungekey"),
+    "sbin": ("slurmctld", "slurmd", "slurmdbd", "slurmrestd", "munged", "mungekey"),
     "bin": (
         "sinfo",
         "squeue",

@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(slurmctld slurmd slurmdbd slurm-client munge prometheus prometheus-alertmanager
+PACKAGES=(slurmctld slurmd slurmdbd slurm-client slurmrestd slurm-wlm-jwt-plugin munge
+          prometheus prometheus-alertmanager
           prometheus-pushgateway mtail postgresql mariadb-server python3 python3-venv
           debootstrap chromium)
 

@@ -91,6 +91,7 @@ class JobSpec(_Model):
     comment: str = ""
     started: AwareDatetime | None = None
     ended: AwareDatetime | None = None  # a job that ended before the scenario starts: when
+    exit_code: int | None = Field(default=None, ge=0, le=255)  # of a job that ended
 
 
 class ClusterSpec(_Model):
@@ -111,6 +112,7 @@ class JobChange(_Model):
     requeue: bool | None = None
     started: AwareDatetime | None = None  # a requeued attempt's start
     ended: AwareDatetime | None = None
+    exit_code: int | None = Field(default=None, ge=0, le=255)
 
 
 class ClusterChange(_Model):
@@ -246,6 +248,7 @@ def build_view(spec: ClusterSpec) -> ClusterView:
                 comment=j.comment,
                 started=j.started,
                 ended=j.ended,
+                exit_code=j.exit_code,
             )
         )
     return view

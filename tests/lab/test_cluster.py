@@ -3,13 +3,16 @@ and slurmedic's view of it (`cluster show`) on the lab's stack."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from lab import manage
 from lab.config import LabConfig
@@ -48,17 +51,75 @@ def test_up_again_changes_nothing(lab_cfg: LabConfig) -> None:
     assert {d.name: d.pid for d in manage.status(lab_cfg)} == before
 
 
-def cluster_show(cfg: LabConfig) -> dict[str, Any]:
-    """`slurmedic cluster show --json` as an operator runs it: the lab's slurmedic config, and
-    no Slurm on PATH beyond the host's (the config's cluster.slurm_bin must get it right)."""
+def cluster_show(cfg: LabConfig, config: Path | None = None) -> dict[str, Any]:
+    """`slurmedic cluster show --json` as an operator runs it: the lab's slurmedic config (or
+    `config`), and no Slurm on PATH beyond the host's (the config's cluster.slurm_bin must get
+    it right)."""
     out = subprocess.run(
         [sys.executable, "-m", "webhook.cli", "cluster", "show", "--json",
-         f"--config={cfg.slurmedic_config}"],
+         f"--config={config or cfg.slurmedic_config}"],
         capture_output=True, text=True, timeout=60, check=True,
         env={k: v for k, v in os.environ.items() if k != "SLURM_CONF"},
     )  # fmt: skip
     data: dict[str, Any] = json.loads(out.stdout)
     return data
+
+
+def rest_config(cfg: LabConfig, path: Path, **rest: Any) -> Path:
+    """The lab's slurmedic config reading Slurm through slurmrestd only: no Slurm config or
+    commands, a JWT in a file (made here by `scontrol token`, as a site's renewal job does)."""
+    token = path.with_name(path.stem + ".jwt")
+    if not token.exists():
+        token.write_text(slurm(cfg, "scontrol", "token", "username=root", "lifespan=3600"))
+        token.chmod(0o600)
+    config = yaml.safe_load(cfg.slurmedic_config.read_text())
+    config["cluster"] = {
+        "slurm": "rest",
+        "rest": {
+            "url": cfg.slurmrestd_url,
+            "user": "root",
+            "token_file": str(token),
+            "topology_file": str(cfg.etc / "topology.conf"),
+            **rest,
+        },
+        "refresh_seconds": 1,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_cluster_show_over_slurmrestd_is_what_the_commands_show(
+    lab_cfg: LabConfig, submit: Callable[..., int], tmp_path: Path
+) -> None:
+    """The same view through the REST API (by the newest API version this release serves) as
+    through scontrol/squeue/sinfo: nodes, switches, jobs and the release."""
+    job = submit(nodes=2, exclude="gpu08")
+    running_nodes(lab_cfg, job)
+    rest = rest_config(lab_cfg, tmp_path / "rest.yml")
+    # Read twice each way: a job's or node's state can move between two reads.
+    pairs = [(cluster_show(lab_cfg), cluster_show(lab_cfg, rest)) for _ in range(3)]
+    assert any(cli == over_rest for cli, over_rest in pairs), pairs[-1]
+    cli = pairs[-1][0]
+    assert {n["switch"] for n in cli["nodes"]} == {"leaf1", "leaf2"}
+    assert job in {j["id"] for j in cli["jobs"]}
+
+
+def test_slurmrestd_s_refusal_is_one_line_naming_the_url(
+    lab_cfg: LabConfig, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.jwt"
+    bad.write_text("SLURM_JWT=not.a.token\n")
+    config = rest_config(lab_cfg, tmp_path / "bad.yml", token_file=str(bad))
+    out = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "cluster", "show", f"--config={config}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode != 0
+    error = out.stderr.strip().splitlines()
+    assert len(error) == 1 and f"{lab_cfg.slurmrestd_url}/" in error[0], out.stderr
+    # Each release refuses in its own words (22.05: 500 "Unspecified error", after serving
+    # /openapi/v3 without a token): the status and what slurmrestd said, on one line.
+    assert re.search(r": HTTP [45]\d\d: \S", error[0]), error
 
 
 def test_cluster_show_is_what_slurm_says(
@@ -109,3 +170,19 @@ def test_cluster_show_is_what_slurm_says(
     )
     ended = {j["id"]: j for j in cluster_show(lab_cfg)["jobs"]}[held]
     assert ended["state"] == "CANCELLED" and ended["ended"] is not None
+    assert ended["exit_code"] is None  # a signal ended it: no exit code
+    assert mine["exit_code"] is None  # still running
+
+
+def test_a_job_s_exit_code_is_read_on_every_release(lab_cfg: LabConfig, tmp_path: Path) -> None:
+    """The exit code a job ended with (NVRx's 93: "do not restart me"): 22.05 prints the raw
+    wait status (93 << 8), later releases the code itself."""
+    out = slurm(lab_cfg, "sbatch", "--parsable", "--partition=debug", "--nodes=1", "--requeue",
+                f"--output={tmp_path / 'job.out'}", "--wrap", "exit 93")  # fmt: skip
+    job = int(out.strip().split(";")[0])
+
+    def ended() -> dict[str, Any] | None:
+        found = {j["id"]: j for j in cluster_show(lab_cfg)["jobs"]}.get(job)
+        return found if found is not None and found["state"] == "FAILED" else None
+
+    assert eventually(ended, timeout=60, what=f"job {job} failed")["exit_code"] == 93

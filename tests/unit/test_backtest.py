@@ -212,3 +212,21 @@ def test_the_report_renders_in_every_format():
     assert {i["incident"] for i in data["incidents"]} >= {"101.0", "103.0"}
     rows = csv_rows(report)
     assert rows[0][0] == "incident" and any(r[4] == "drained" for r in rows[1:])
+
+
+def test_a_job_that_asked_not_to_be_restarted_is_not_requeued_in_the_backtest():
+    """Accounting's exit code reaches the core: job 101 ended with NVRx's 93, so its node is
+    drained as the person did, but no requeue is proposed."""
+    inputs = hour()
+    attempts = [replace(a, exit_code=93) if a.job == 101 else a for a in inputs.attempts]
+    report, scenario = run(
+        replace(inputs, attempts=attempts), start=T0, until=T0 + 4 * H, policy=None,
+        delay=0 * S, window=24 * H,
+    )  # fmt: skip
+    ends = [j for e in scenario["events"] for j in e.get("cluster", {}).get("jobs", [])]
+    assert {"id": 101, "state": "FAILED", "exit_code": 93} in [
+        {k: j[k] for k in ("id", "state", "exit_code") if k in j} for j in ends
+    ]
+    fault = next(r for r in report.incidents if r.incident == "101.0")
+    actions = {v.action for v in fault.verdicts}
+    assert "drain" in actions and "requeue" not in actions, fault.verdicts

@@ -133,6 +133,7 @@ def test_the_docs_name_every_guard_the_stages_record() -> None:
         "repeated_failure",
         "unseen_restart",
         "no_requeue",
+        "asked_not_to_restart",
         "opted_out",
         "not_opted_in",
         "no_room",
@@ -301,6 +302,32 @@ def test_no_requeue_refuses_a_job_submitted_with_no_requeue() -> None:
     out = g.no_requeue(planned(c, "requeue"), c)
     assert summary(out) == [("none", "no_requeue", (), ())]
     assert out.decisions[0].reason.startswith("job 7 was submitted with --no-requeue; ")
+
+
+@pytest.mark.parametrize(
+    ("state", "code", "codes", "guard"),
+    [
+        ("FAILED", 93, None, "asked_not_to_restart"),
+        ("NODE_FAIL", 93, None, "asked_not_to_restart"),
+        ("FAILED", 1, None, None),
+        ("FAILED", None, None, None),  # a signal ended it
+        ("FAILED", 42, [42, 93], "asked_not_to_restart"),
+        ("FAILED", 93, [], None),  # the site turned it off
+        ("PENDING", 93, None, None),  # requeued already: its earlier attempt's code
+    ],
+)
+def test_a_job_that_asks_not_to_be_restarted_is_not_requeued(
+    state: str, code: int | None, codes: list[int] | None, guard: str | None
+) -> None:
+    scope = {"no_restart_exit_codes": codes} if codes is not None else {}
+    c = ctx(GPU, job(state, exit_code=code, ended=T0), scope=scope)
+    out = g.asked_not_to_restart(planned(c, "requeue"), c)
+    assert [d.guard for d in out.decisions] == [guard]
+    if guard:
+        assert summary(out) == [("none", guard, (), ())]
+        assert out.decisions[0].reason.startswith(f"job 7 ended with exit code {code}, ")
+    # A drain is never its business.
+    assert g.asked_not_to_restart(planned(c, "drain"), c) == g.Outcome((planned(c, "drain"),))
 
 
 @pytest.mark.parametrize(

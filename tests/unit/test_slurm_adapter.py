@@ -14,6 +14,7 @@ from webhook.adapters.slurm import (
     Release,
     SlurmCluster,
     SlurmError,
+    exit_code,
     job_state,
     node_state,
     number,
@@ -190,6 +191,41 @@ def test_a_job_completing_after_scancel_is_ended_on_purpose_and_ended() -> None:
 )
 def test_numbers_of_both_shapes(raw: Any, want: int | None) -> None:
     assert number(raw) == want
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        (93 << 8, 93),  # 22.05: the raw wait status
+        (0, 0),
+        (15, None),  # 22.05: ended by signal 15
+        ((1 << 8) | 0x80 | 11, None),  # a core dump of a SIGSEGV
+        ({"status": ["ERROR"], "return_code": {"set": True, "infinite": False, "number": 93},
+          "signal": {"id": {"set": False, "infinite": False, "number": 0}, "name": ""}}, 93),
+        ({"status": ["SIGNALED"], "return_code": {"set": False, "infinite": False, "number": 0},
+          "signal": {"id": {"set": True, "infinite": False, "number": 15}, "name": "TERM"}}, None),
+        (None, None),
+    ],
+)  # fmt: skip
+def test_exit_codes_of_both_shapes(raw: Any, want: int | None) -> None:
+    assert exit_code(raw) == want
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_only_an_ended_job_has_an_exit_code(release: str) -> None:
+    """squeue prints an exit code (0) for a running job too: it is no job's word until the job
+    has ended."""
+    data = json.loads(
+        (DATA / release / ("squeue.json" if release < "23" else "jobs.json")).read_text()
+    )
+    record = data["jobs"][0]
+    (job,) = read_jobs({**data, "jobs": [record]}, Release.parse(release), ("squeue",))
+    assert job.state == "RUNNING" and job.exit_code is None
+    code = 93 << 8 if release < "23" else {"status": ["ERROR"], "return_code": 93}
+    state = "FAILED" if release < "23" else ["FAILED"]
+    record = {**record, "job_state": state, "exit_code": code}
+    (job,) = read_jobs({**data, "jobs": [record]}, Release.parse(release), ("squeue",))
+    assert (job.state, job.exit_code) == ("FAILED", 93)
 
 
 def test_grouped_sinfo_is_a_clear_error() -> None:

@@ -270,6 +270,18 @@ def number(raw: Any) -> int | None:
     raise ValueError(f"not a number: {raw!r}")
 
 
+def exit_code(raw: Any) -> int | None:
+    """A job's exit code: 22.05 prints the raw wait status (the code in its high byte, a signal
+    in its low bits), 23.02 and later `{"status", "return_code", "signal"}` with the return
+    code unset when a signal ended the job. None for a job a signal ended."""
+    if isinstance(raw, Mapping):
+        return number(raw.get("return_code"))
+    status = number(raw)
+    if status is None or status & 0x7F:
+        return None
+    return status >> 8
+
+
 def timestamp(raw: Any) -> datetime | None:
     value = number(raw)
     return datetime.fromtimestamp(value, UTC) if value else None
@@ -392,6 +404,7 @@ def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -
                     started=timestamp(j.get("start_time")),
                     ended=ended,
                     base=base,
+                    exit_code=exit_code(j.get("exit_code")) if over else None,
                 )
             )
         except ValueError as e:

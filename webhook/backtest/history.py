@@ -333,7 +333,9 @@ def scenario(
             }
             at(a.started, 1, {"cluster": {"jobs": [change]}})
         if a.ended is not None and a.started is not None and a.state not in ACTIVE_STATES:
-            end = {"id": a.job, "state": a.state, "ended": iso(a.ended)}
+            end: dict[str, Any] = {"id": a.job, "state": a.state, "ended": iso(a.ended)}
+            if a.exit_code is not None and 0 <= a.exit_code <= 255:
+                end["exit_code"] = a.exit_code  # the job's own word (NVRx's 93)
             at(a.ended, 1, {"cluster": {"jobs": [end]}})
 
     for span in spans:

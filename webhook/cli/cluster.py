@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from webhook.adapters.slurm import SlurmCluster, SlurmError, SlurmSnapshot
+from webhook.adapters.slurm import SlurmError, SlurmSnapshot
 from webhook.cli.common import config_option
 from webhook.core.cluster import ClusterView
 from webhook.service.config import ConfigError, load_config
@@ -71,6 +71,7 @@ def as_json(snap: SlurmSnapshot, view: ClusterView) -> dict[str, Any]:
                 "comment": j.comment,
                 "started": _iso(j.started),
                 "ended": _iso(j.ended),
+                "exit_code": j.exit_code,
             }
             for j in sorted(view.jobs.values(), key=lambda j: j.id)
         ],
@@ -84,7 +85,7 @@ def show(config_path: Path | None, as_json_flag: bool) -> None:
     """Nodes (state, partitions, drain reason, leaf switch) and jobs (state, nodes, restarts)."""
     try:
         config = load_config(config_path)
-        snap = SlurmCluster(env=config.cluster.slurm_env()).snapshot()
+        snap = config.cluster.reader().snapshot()
     except (ConfigError, SlurmError) as e:
         raise click.ClickException(str(e)) from e
     view = snap.view()

@@ -25,7 +25,6 @@ from gunicorn.app.base import BaseApplication
 # What the loop runs, imported here at the top: `serve` holds it before it forks the keeper,
 # and every loop the keeper forks shares it (webhook/cli/keeper.py).
 from webhook.adapters.prometheus import Prometheus
-from webhook.adapters.slurm import SlurmCluster
 from webhook.cli.common import LOG_FORMAT, config_of, config_option, policy_of, policy_option
 from webhook.cli.keeper import ForkedLoop, Keeper, KeeperGone, RunLoop, carry_on_after_hangup
 from webhook.core.policy import Policy
@@ -268,7 +267,7 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     ledger = Ledger(config.database_url)
     ledger.lock_for_loop()  # SQLite: one loop a file (LoopRefused otherwise)
-    cluster = SlurmCluster(env=config.cluster.slurm_env())
+    cluster = config.cluster.reader()
     # serve's group (prepared before it started anything), or, run alone, its own
     group = (
         _run_group(config)

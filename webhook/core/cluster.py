@@ -112,6 +112,9 @@ class Job:
     # The nodes the job may not run on (its ExcNodeList): its owner's `--exclude`, a person's,
     # and slurmedic's own requeues'.
     excluded: frozenset[str] = frozenset()
+    # The exit code of its batch script once it ended (None while it runs, or when a signal
+    # ended it): a workload's own word, such as NVRx's 93 "do not restart me".
+    exit_code: int | None = None
 
     @property
     def attempt(self) -> str:

@@ -383,6 +383,23 @@ def no_requeue(d: Decision, ctx: Context) -> Outcome:
     return _keep(d)
 
 
+def asked_not_to_restart(d: Decision, ctx: Context) -> Outcome:
+    """A job that ended with an exit code by which it asks not to be restarted (the policy's
+    `scope.no_restart_exit_codes`: NVRx's 93 when the workload makes no progress) is not
+    requeued: the workload itself knows it would only fail again. Its nodes are still drained
+    if the evidence blames them."""
+    job = ctx.job
+    if not _planned(d, "requeue") or job is None or job.waiting or not job.has_ended:
+        return _keep(d)
+    if job.exit_code is None or job.exit_code not in ctx.policy.scope.no_restart_exit_codes:
+        return _keep(d)
+    why = (
+        f"job {job.id} ended with exit code {job.exit_code}, by which it asks not to be "
+        "restarted (scope.no_restart_exit_codes; NVRx's 93: no progress)"
+    )
+    return _refuse(d, "asked_not_to_restart", why, ctx)
+
+
 def opt_in_out(d: Decision, ctx: Context) -> Outcome:
     """The job's comment: an opt-out, or no opt-in when the policy requires one."""
     job = ctx.job
@@ -778,6 +795,7 @@ PIPELINE: tuple[tuple[str, Step], ...] = (
     ("ended_before_record", each(ended_before_record)),
     ("requeue_once", each(requeue_once)),
     ("no_requeue", each(no_requeue)),
+    ("asked_not_to_restart", each(asked_not_to_restart)),
     ("opt_in_out", each(opt_in_out)),
     ("owners_exclusions", each(owners_exclusions)),
     ("readmit", each(readmit)),

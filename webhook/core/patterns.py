@@ -39,3 +39,12 @@ INCIDENT = _pattern(_VARS, "slurmedic_incident_pattern")
 FENCE = _pattern(_VARS, "slurmedic_fence_pattern")
 # One element of a health check's command (argv): printable ASCII, no newline.
 ARGV = _pattern(_VARS, "slurmedic_argv_pattern")
+
+
+def check_argv(argv: list[str]) -> list[str]:
+    """A command given as an argv (never a shell line), as the playbooks' own check takes it:
+    its parts as they are, or ValueError naming the first that is not one."""
+    for part in argv:
+        if not ARGV.match(part):
+            raise ValueError(f"{part[:40]!r}: printable characters only, 1 to 256, no newline")
+    return argv

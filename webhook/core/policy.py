@@ -23,7 +23,7 @@ from pydantic import (
 
 from webhook.core import durations
 from webhook.core.node_names import NodeNames
-from webhook.core.patterns import ARGV
+from webhook.core.patterns import check_argv
 from webhook.core.validation import describe
 
 Mode = Literal["monitor", "approve", "enforce"]
@@ -77,6 +77,9 @@ class _Strict(BaseModel):
 class Scope(_Strict):
     partitions: list[str] = []
     require_opt_in: bool = False
+    # Exit codes with which a job asks not to be restarted: NVIDIA's Resiliency Extension
+    # (NVRx) ends a workload that makes no progress with 93.
+    no_restart_exit_codes: list[Annotated[int, Field(ge=0, le=255)]] = [93]
 
 
 class Drills(_Strict):
@@ -199,11 +202,7 @@ class Repairs(_Strict):
     @field_validator("health_check")
     @classmethod
     def _argv(cls, argv: list[str]) -> list[str]:
-        # What the health check playbook's own check takes (an argv, never a shell).
-        for part in argv:
-            if not ARGV.match(part):
-                raise ValueError(f"{part[:40]!r}: printable characters only, 1 to 256, no newline")
-        return argv
+        return check_argv(argv)  # what the health check playbook's own check takes
 
 
 QualityBetter = Literal["lower", "higher"]

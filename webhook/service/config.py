@@ -8,8 +8,18 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from webhook.adapters.slurm import SlurmCluster
+from webhook.adapters.slurmrest import SlurmRest, Token
+from webhook.core.patterns import check_argv
 from webhook.core.validation import describe
 from webhook.files import FileError, load_mapping, read_text
 
@@ -72,13 +82,51 @@ def loose_mode(path: Path) -> int | None:
     return mode if mode & 0o077 else None
 
 
+class SlurmRestConfig(_Strict):
+    """slurmrestd, Slurm's REST API (docs/slurmrestd.md): where, as whom, with which JWT."""
+
+    url: str = Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+    # The Slurm user the requests act as (X-SLURM-USER-NAME): the token's user.
+    user: str = Field(default="slurmedic", pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+    # The JWT: a file the site keeps fresh (a Kubernetes secret, a cron job), or a command
+    # printing `SLURM_JWT=...` (`scontrol token lifespan=3600` where scontrol can reach Slurm).
+    token_file: Path | None = None
+    token_command: list[str] = Field(default=[], max_length=32)
+    # The API version (`v0.0.42`); empty: the newest the server serves that slurmedic reads.
+    api: str = Field(default="", pattern=r"^(v0\.0\.\d{2})?$")
+    # Slurm's topology.conf, for the leaf switches (the REST API does not serve them).
+    topology_file: Path | None = None
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+
+    @field_validator("token_command")
+    @classmethod
+    def _argv(cls, argv: list[str]) -> list[str]:
+        return check_argv(argv)
+
+    @model_validator(mode="after")
+    def _one_token(self) -> SlurmRestConfig:
+        if (self.token_file is None) == (not self.token_command):
+            raise ValueError("give one of token_file or token_command")
+        return self
+
+
 class Cluster(_Strict):
+    # How slurmedic reads the cluster: `cli`, Slurm's commands on this host (scontrol, sinfo,
+    # squeue); `rest`, slurmrestd (`rest:`), for a host with no Slurm commands or munge key.
+    slurm: Literal["cli", "rest"] = "cli"
+    rest: SlurmRestConfig | None = None
     # Slurm's config for the client commands (squeue/sinfo/scontrol); empty = the default.
     slurm_conf: Path | None = None
     # Where the Slurm commands are when not on PATH (e.g. /opt/slurm/bin); the playbooks that
     # run on this host get it first on their PATH too.
     slurm_bin: Path | None = None
     refresh_seconds: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _rest_given(self) -> Cluster:
+        if self.slurm == "rest" and self.rest is None:
+            raise ValueError("slurm: rest needs rest: {url, token_file or token_command}")
+        return self
 
     def slurm_env(self) -> dict[str, str]:
         """What the Slurm commands need in their environment (the adapter's, the playbooks')."""
@@ -88,6 +136,21 @@ class Cluster(_Strict):
         if self.slurm_bin is not None:
             env["PATH"] = f"{self.slurm_bin}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
         return env
+
+    def reader(self) -> SlurmCluster | SlurmRest:
+        """The adapter that reads the cluster view, by `slurm`."""
+        if self.slurm == "cli" or self.rest is None:
+            return SlurmCluster(env=self.slurm_env())
+        rest = self.rest
+        token = Token(rest.token_file, tuple(rest.token_command), self.slurm_env())
+        return SlurmRest(
+            rest.url,
+            rest.user,
+            token,
+            api=rest.api,
+            topology=rest.topology_file,
+            timeout=rest.timeout_seconds,
+        )
 
 
 class Executor(_Strict):
