@@ -176,9 +176,11 @@ def test_cluster_show_is_what_slurm_says(
 
 def test_a_job_s_exit_code_is_read_on_every_release(lab_cfg: LabConfig, tmp_path: Path) -> None:
     """The exit code a job ended with (NVRx's 93: "do not restart me"): 22.05 prints the raw
-    wait status (93 << 8), later releases the code itself."""
-    out = slurm(lab_cfg, "sbatch", "--parsable", "--partition=debug", "--nodes=1", "--requeue",
-                f"--output={tmp_path / 'job.out'}", "--wrap", "exit 93")  # fmt: skip
+    wait status (93 << 8), later releases the code itself. On gpu08: a job that failed is news
+    to a node's alert within `node_alert_lag` (the next tests' faults are on other nodes;
+    test_decisions' idle gpu07 among them)."""
+    out = slurm(lab_cfg, "sbatch", "--parsable", "--partition=debug", "--nodelist=gpu08",
+                "--requeue", f"--output={tmp_path / 'job.out'}", "--wrap", "exit 93")  # fmt: skip
     job = int(out.strip().split(";")[0])
 
     def ended() -> dict[str, Any] | None:

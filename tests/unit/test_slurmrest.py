@@ -38,6 +38,7 @@ class Fake:
 
     def __init__(self) -> None:
         self.valid = {"good"}
+        self.refusal = 401  # 24.11 and 26.05 answer 511
         self.seen: list[tuple[str, str]] = []  # (path, token)
         self.paths = ["/slurm/v0.0.40/nodes", "/slurm/v0.0.41/nodes", "/slurm/v0.0.42/nodes",
                       "/slurmdb/v0.0.42/jobs", "/slurm/v0.0.99/nodes"]  # fmt: skip
@@ -58,7 +59,7 @@ def fake() -> Iterator[tuple[Fake, str]]:
             state.seen.append((self.path, token))
             if token not in state.valid:
                 body = {"errors": [{"description": "Authentication failure", "error_number": 1}]}
-                return self.reply(401, body)
+                return self.reply(state.refusal, body)
             if self.path == "/openapi/v3":
                 return self.reply(200, {"paths": {p: {} for p in state.paths}})
             if self.path.endswith("/nodes"):
@@ -127,10 +128,12 @@ def test_a_refused_token_is_one_error_naming_the_url(
     assert str(e.value) == f"GET {url}/openapi/v3: HTTP 401: Authentication failure"
 
 
+@pytest.mark.parametrize("refusal", [401, 511])
 def test_a_token_command_is_run_again_when_refused_or_about_to_expire(
-    fake: tuple[Fake, str], tmp_path: Path
+    fake: tuple[Fake, str], tmp_path: Path, refusal: int
 ) -> None:
     state, url = fake
+    state.refusal = refusal
     counter = tmp_path / "n"
     counter.write_text("0")
     # A command printing a new token each run, as `scontrol token` does: the first is stale.

@@ -46,6 +46,9 @@ KNOWN = range(36, 46)
 # A token this close to its expiry is made again before it is used.
 EXPIRY_MARGIN_S = 60.0
 TOKEN_LINE = re.compile(r"SLURM_JWT=(\S+)")
+# How slurmrestd refuses a token: 401/403, and 511 on 24.11 and 26.05 (22.05 answers 500, which
+# says nothing of the token).
+REFUSED = (401, 403, 511)
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ class SlurmRest:
                 resp = self._session.get(url, headers=headers, timeout=self.timeout)
             except requests.RequestException as e:
                 raise SlurmError(f"GET {url}: {_short(e)}") from e
-            if resp.status_code in (401, 403) and attempt == 0 and self.token_source.command:
+            if resp.status_code in REFUSED and attempt == 0 and self.token_source.command:
                 continue  # a token that expired early, or was revoked: made again once
             return _answer(resp, url)
         raise AssertionError("unreachable")
@@ -170,11 +173,6 @@ class SlurmRest:
 
     def view(self) -> ClusterView:
         return self.snapshot().view()
-
-    def release(self) -> Release:
-        api = self.api()
-        path = f"/slurm/{api}/ping"
-        return release_of(self.get(path), self.url + path)
 
 
 def release_of(data: Mapping[str, Any], what: str) -> Release:
