@@ -1,5 +1,6 @@
 """Bad input to `slurmedic lab` is a one-line error naming what is wrong; nothing is written."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,12 @@ def test_lab_down_spares_the_caller_s_own_pipeline(tmp_path: Path) -> None:
     mine = subprocess.Popen(argv, env=env)
     lab_s = subprocess.Popen(argv, env=env, start_new_session=True)
     try:
-        found = set(marked_pids(cfg))
+        # Looked for until the lab's process shows up, as `lab down` looks for what is left (a
+        # loaded machine was seen to show none of it in the first look); then never the
+        # caller's own.
+        deadline = time.monotonic() + 10
+        while lab_s.pid not in (found := set(marked_pids(cfg))) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert lab_s.pid in found and mine.pid not in found
     finally:
         for p in (mine, lab_s):
