@@ -324,9 +324,11 @@ class LedgerCollector(Collector):
             "within the last 7 days.",
             labels=["state", "plan", "cause"],
         )
-        # The states under way exist from the start, at zero and with no cause (an empty label
-        # is no label to Prometheus): a stacked panel shows none rather than no data.
+        # The states the Recovery dashboard draws exist from the start, at zero and with no
+        # cause (an empty label is no label to Prometheus): under way, by every plan that has
+        # steps, and replace, by every plan: a panel shows none rather than no data.
         counts = {(state, plan, ""): 0 for state in UNDER_WAY for plan in PLANS_UNDER_WAY}
+        counts.update({(REPLACE, plan, ""): 0 for plan in STRENGTH})
         counts.update(fig.by_state)
         for key, n in sorted(counts.items()):
             fam.add_metric(list(key), n)
