@@ -60,7 +60,9 @@ def repair_of(ledger: Ledger, node: str, states: frozenset[str], after: int = 0)
         return None
 
     try:
-        return eventually(found, timeout=180, what=f"a repair of {node} in {sorted(states)}")
+        # The whole chain (the alert, the drain, each step's playbook run) took 3 minutes on a
+        # CI machine at load 24; the deadline only bounds a hang.
+        return eventually(found, timeout=360, what=f"a repair of {node} in {sorted(states)}")
     except AssertionError as e:
         listed = [(r.key, r.state, why, [(s.action, s.state, s.detail) for s in r.steps])
                   for r, why in ledger.repairs.listed(EVER)]  # fmt: skip
