@@ -56,15 +56,14 @@ def init_mariadb(cfg: LabConfig) -> None:
     if data.exists():
         shutil.rmtree(data)  # an initialisation cut short
     data.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = mariadb_tmp(cfg)
-    tmp.mkdir(mode=0o700, exist_ok=True)
     # --no-defaults: none of the host's /etc/mysql (its socket, its data dir); root may connect
     # on the socket as the Unix user root, nobody else but slurmdbd's user at all. A temporary
     # directory of its own: two labs initialising at once in the shared /tmp failed on each
     # other's temporary tables ("Could not remove temporary table '/tmp/#sql-temptable-...'").
     proc = subprocess.run(
         ["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={data}",
-         "--auth-root-authentication-method=socket", "--skip-test-db", f"--tmpdir={tmp}"],
+         f"--tmpdir={mariadb_tmp(cfg)}", "--auth-root-authentication-method=socket",
+         "--skip-test-db"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if proc.returncode != 0:
@@ -123,8 +122,10 @@ def password(cfg: LabConfig) -> str:
 
 def start_mariadb(cfg: LabConfig) -> None:
     """MariaDB, started unless it runs, with slurmdbd's database and user once it answers."""
+    # Before the data dir is made, and also for one made before the lab had it.
+    mariadb_dir(cfg).mkdir(mode=0o700, parents=True, exist_ok=True)
+    mariadb_tmp(cfg).mkdir(mode=0o700, exist_ok=True)
     init_mariadb(cfg)
-    mariadb_tmp(cfg).mkdir(mode=0o700, exist_ok=True)  # also for a data dir made before it
     processes.start(cfg, "mariadb", mariadb_argv(cfg))
     if not processes.wait_until(lambda: sql(cfg, "SELECT 1").strip() == "1", 60, 0.2):
         raise LabError(

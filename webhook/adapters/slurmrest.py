@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -102,7 +103,8 @@ class SlurmRest:
                 raise SlurmError(f"cluster.rest.token_file: {src.file} is empty")
             return value
         if renew or self._token is None or time.time() > self._expires - EXPIRY_MARGIN_S:
-            out = run_command(src.command, dict(src.env or {}), self.timeout)
+            # On top of this process's environment, as the CLI adapter runs Slurm's commands.
+            out = run_command(src.command, {**os.environ, **(src.env or {})}, self.timeout)
             found = TOKEN_LINE.search(out)
             if found is None:
                 raise SlurmError(
@@ -116,21 +118,21 @@ class SlurmRest:
     # ---- requests ---------------------------------------------------------------------------
     def get(self, path: str) -> dict[str, Any]:
         """GET `path` as JSON; SlurmError naming the URL and what slurmrestd said."""
-        for attempt in (0, 1):
-            headers = {
-                "X-SLURM-USER-NAME": self.user,
-                "X-SLURM-USER-TOKEN": self._current_token(renew=attempt > 0),
-                "Accept": "application/json",
-            }
-            url = self.url + path
-            try:
-                resp = self._session.get(url, headers=headers, timeout=self.timeout)
-            except requests.RequestException as e:
-                raise SlurmError(f"GET {url}: {_short(e)}") from e
-            if resp.status_code in REFUSED and attempt == 0 and self.token_source.command:
-                continue  # a token that expired early, or was revoked: made again once
-            return _answer(resp, url)
-        raise AssertionError("unreachable")
+        resp = self._send(path)
+        if resp.status_code in REFUSED and self.token_source.command:
+            resp = self._send(path, renew=True)  # expired early, or revoked: made again once
+        return _answer(resp, self.url + path)
+
+    def _send(self, path: str, *, renew: bool = False) -> requests.Response:
+        headers = {
+            "X-SLURM-USER-NAME": self.user,
+            "X-SLURM-USER-TOKEN": self._current_token(renew=renew),
+            "Accept": "application/json",
+        }
+        try:
+            return self._session.get(self.url + path, headers=headers, timeout=self.timeout)
+        except requests.RequestException as e:
+            raise SlurmError(f"GET {self.url + path}: {_short(e)}") from e
 
     def api(self) -> str:
         """The API version to call: the config's, or the newest the server describes."""
