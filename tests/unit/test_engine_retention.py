@@ -202,3 +202,22 @@ def test_a_retention_shorter_than_a_window_is_refused(
         load_policy(policy, prefix="policy.")
     assert str(err.value).startswith("policy.retention: ")
     assert f"is shorter than {window}" in str(err.value)
+
+
+def test_a_node_down_while_slurmedic_repairs_it_is_the_repair_s_doing_not_a_failure() -> None:
+    # A reboot with nextstate=DOWN: the node alerts down while its repair runs, and the alert
+    # may arrive after the resume. The repair's check judges the node, not a new drain.
+    e = engine(view())
+    rebooted, resumed = T0 - timedelta(minutes=3), T0 + timedelta(seconds=30)
+    e.in_repair({"gpu05": [(rebooted, resumed)]})
+    e.receive(alert(T0, signal="node_down", node="gpu05"), resumed + timedelta(seconds=5))
+    assert e.tick(T0 + timedelta(minutes=1)) == []
+    assert e.incidents == {}
+    # The node failing after its resume is a failure (its repair's probation judges it).
+    e.receive(alert(T0 + timedelta(minutes=2), signal="node_down", node="gpu05"), T0 + DAY / 24)
+    made = e.tick(T0 + DAY / 24 + timedelta(seconds=10))
+    assert [(d.incident, d.action) for d in made] == [("node:gpu05", "drain")]
+    # So is another node's, and one under a repair still under way is not.
+    e.in_repair({"gpu06": [(rebooted, None)]})
+    e.receive(alert(T0 + DAY / 12, signal="node_down", node="gpu06"), T0 + DAY / 12)
+    assert e.tick(T0 + DAY / 12 + timedelta(seconds=10)) == []

@@ -270,3 +270,21 @@ def test_a_dry_run_s_second_alert_of_the_same_fault_is_no_failure_on_probation()
     assert not repairs.covers(ran, replace(again, ran=True), ENFORCE)
     # Under way, it covers any drain of its node.
     assert repairs.covers(started(drained(("GpuXidNodeFault", 79))), later, ENFORCE)
+
+
+def test_a_repair_has_its_node_out_of_service_from_its_first_step_to_its_resume() -> None:
+    repair = started(drained(("GpuXidNodeFault", 79)))
+    assert repairs.out_of_service(repair) is None  # waiting: slurmedic did nothing to it yet
+    t1, t2 = T0 + timedelta(minutes=1), T0 + timedelta(minutes=4)
+    rebooting = step(repair.moved(repairs.REPAIRING, t1), "reboot", "executed", t1, done_at=t1)
+    assert repairs.out_of_service(rebooting) == (t1, None)  # still out, however long
+    resumed = step(rebooting, "health_check", "executed", t1, done_at=t1, passed=True)
+    resumed = step(resumed.moved(repairs.CHECKING, t1).moved(repairs.RESUMING, t1), "resume",
+                   "executed", t2, done_at=t2).moved(repairs.PROBATION, t2)  # fmt: skip
+    assert repairs.out_of_service(resumed) == (t1, t2)
+    # Sent to a person without a resume: out until it closed.
+    failed = replace(rebooting, state=repairs.REPLACE, since=t2)
+    assert repairs.out_of_service(failed) == (t1, t2)
+    # Monitor mode's dry run touched nothing.
+    dry = step(started(drained(("GpuXidNodeFault", 79), ran=False)), "reboot", "executed", t1)
+    assert repairs.out_of_service(dry) is None

@@ -7,7 +7,8 @@ Which incident: the attempt the alert's job label names (when the view places th
 alert's node), else the attempt(s) that held the node when the alert started; evidence against
 the node itself also goes to the attempts that failed there within `node_alert_lag` before with
 no job started since (a node's alert fires after its job died of the fault), and with none of
-those, to a failure of the idle node. An
+those, to a failure of the idle node, unless it started while slurmedic's own repair had the node
+out of service (`in_repair`: a reboot's down node is no failure; the repair's check judges). An
 attempt whose decision was carried out takes no hardware evidence on a node its decisions did
 not name: that is the node's own failure.
 
@@ -75,6 +76,7 @@ from webhook.core.signals import AGAINST_NODE, APPLICATION, UNREACHABLE
 from webhook.core.slowdown import requeue_at
 
 EvidenceKey = tuple[str, datetime]  # fingerprint, startsAt to the second (as the ledger keeps it)
+Window = tuple[datetime, datetime | None]
 
 
 def evidence_key(fingerprint: str, starts_at: datetime) -> EvidenceKey:
@@ -192,6 +194,9 @@ class Engine:
     failing: FailingNodes = field(default_factory=FailingNodes, repr=False)
     # Per idle node, the last of its failures that was forgotten: (its number, decided when).
     forgotten_nodes: dict[str, tuple[int, datetime]] = field(default_factory=dict, repr=False)
+    # Per node, when slurmedic's own repairs had it out of service (from, until; None: still):
+    # what a reboot or check does to a node (down, not responding) is no failure of it.
+    repairing: dict[str, tuple[Window, ...]] = field(default_factory=dict, repr=False)
     # Indexes over `incidents`, kept by `_indexed` whenever an incident changes:
     # (when due, key), in time order; entries an incident's later change outdated stay behind
     # and are skipped.
@@ -289,6 +294,20 @@ class Engine:
         if rate is None or "failure_rate" in self._given.model_fields_set:
             return
         self.policy = self._given.model_copy(update={"failure_rate": rate})
+
+    def in_repair(self, windows: Mapping[str, Sequence[Window]]) -> None:
+        """When slurmedic's repairs of nodes (webhook.core.repairs.out_of_service) had them out of
+        service, as the ledger holds them now: evidence against such a node that started then is
+        the repair's own doing (a node rebooted with nextstate=DOWN alerts down), and the
+        repair's health check, not a new drain, judges the node."""
+        self.repairing = {node: tuple(w) for node, w in windows.items() if w}
+
+    def _repairs_own(self, ev: Evidence) -> bool:
+        assert ev.node is not None
+        return any(
+            start <= ev.starts_at and (end is None or ev.starts_at <= end)
+            for start, end in self.repairing.get(ev.node, ())
+        )
 
     def switch(self, monitor: bool) -> None:
         """The global switch to monitor mode, on or off (`slurmedic switch`)."""
@@ -541,8 +560,10 @@ class Engine:
                 held = {i.key for i in attempts}
                 attempts += [i for i in self._failed_before(ev, at) if i.key not in held]
             return self._or_the_node(attempts, ev, at)
-        if ev.signal not in AGAINST_NODE:
-            return []  # nothing ran there: only evidence against the node itself matters
+        if ev.signal not in AGAINST_NODE or self._repairs_own(ev):
+            # Nothing ran there: only evidence against the node itself matters, and not what
+            # slurmedic's own repair of it did.
+            return []
         if late := self._failed_before(ev, at):
             return late
         return self._node_failure(ev, at)

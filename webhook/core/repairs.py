@@ -188,6 +188,20 @@ class Move:
     decision: Decision | None = None
 
 
+def out_of_service(repair: Repair) -> tuple[datetime, datetime | None] | None:
+    """When the repair itself had its node out of service: from its first step (a reset, a
+    reboot or a check slurmedic asked for) to the end of its resume, still open while it is under
+    way; a repair closed without a resume (sent to a person, ended) until it closed. None: it only
+    dry-ran (monitor mode touched nothing), or has taken no step yet."""
+    steps = [s for s in repair.steps if s.action in STEPS]
+    if repair.dry_run or not steps:
+        return None
+    resume = repair.last("resume")
+    if resume is not None and resume.done_at is not None:
+        return steps[0].at, resume.done_at
+    return steps[0].at, None if repair.state in UNDER_WAY else repair.since
+
+
 def plan_for(drained: Drained) -> tuple[Plan, str]:
     """The repair the drain's evidence calls for, and why."""
     best: tuple[Plan, str] | None = None

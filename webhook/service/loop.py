@@ -273,6 +273,7 @@ class LiveLoop:
             if view is not None:
                 self.engine.update_view(view, self.clock())
                 self._publish_nodes()
+                self._in_repair()
         if time.monotonic() - self.learned_at >= LEARN_EVERY_SECONDS:
             self._learn()
         if not self.caught_up:
@@ -510,7 +511,19 @@ class LiveLoop:
             ids += self.ledger.save_repair(repair, move, now)
             busy += (move.state in repairs.IN_REPAIR) - mine
             log.info("repair %s: %s -> %s: %s", repair.key, repair.state, move.state, move.reason)
+        self._in_repair()
         return ids
+
+    def _in_repair(self) -> None:
+        """Tell the engine when slurmedic's repairs had nodes out of service (a rebooted node
+        alerts down: not a new failure), before it routes what it reads next."""
+        if not self.policy.repairs.enabled:
+            return
+        windows: dict[str, list[tuple[datetime, datetime | None]]] = {}
+        for repair, _ in self.ledger.repairs.listed(self.clock() - REPAIR_LOOKBACK):
+            if (window := repairs.out_of_service(repair)) is not None:
+                windows.setdefault(repair.node, []).append(window)
+        self.engine.in_repair(windows)
 
     def _expire_approvals(self) -> None:
         """Decisions nobody approved within the policy's approval_expires are not carried out."""
