@@ -219,7 +219,10 @@ def submit_training(
     requeue: bool = True,
     comment: str = "",
     exclude: str = "",
+    expedite: bool = False,
 ) -> int:
+    """`expedite`: `--requeue=expedite` (Slurm 25.11 and later): Slurm requeues the job itself
+    when a node or an epilog fails, and holds it when it exits non-zero."""
     trainer = [
         cfg.python,
         "-m",
@@ -239,7 +242,7 @@ def submit_training(
         "--ntasks-per-node=1",
         "--exclusive",
         "--gres=gpu:8",
-        "--requeue" if requeue else "--no-requeue",
+        ("--requeue=expedite" if expedite else "--requeue") if requeue else "--no-requeue",
         f"--output={cfg.jobs}/slurm-%j.out",
         f"--chdir={CODE_ROOT}",
         f"--wrap=srun {shlex.join(trainer)}",

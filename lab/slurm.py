@@ -104,6 +104,10 @@ def render_slurm_conf(cfg: LabConfig) -> str:
         # slurmctld's own metrics on its port (/metrics/nodes, /jobs, ...), which the lab's
         # Prometheus scrapes beside the exporter's.
         lines.append("MetricsType=metrics/openmetrics")
+    if stacks.get(cfg.stack).expedited_requeue:
+        # A `--requeue=expedite` job is requeued by Slurm itself, at once and first in line,
+        # when a node or an epilog fails, and held when it exits non-zero (docs/slurmrestd.md).
+        lines.append("SlurmctldParameters=enable_expedited_requeue")
     for p in cfg.partitions:
         lines.append(
             f"PartitionName={p.name} Nodes={p.nodes} Default={'YES' if p.default else 'NO'} "

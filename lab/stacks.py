@@ -97,8 +97,13 @@ class Stack:
     # slurmd 24.11 and later refuse to start without a cgroup plugin in a chroot; 22.05 rejects
     # `CgroupPlugin=disabled`.
     cgroup_disabled: bool
-    # Slurm 25.11 and later serve OpenMetrics from slurmctld (MetricsType=metrics/openmetrics).
+    # Slurm 25.11 and later serve OpenMetrics from slurmctld (MetricsType=metrics/openmetrics),
+    # and requeue a `--requeue=expedite` job themselves (enable_expedited_requeue).
     slurm_metrics: bool = False
+
+    @property
+    def expedited_requeue(self) -> bool:
+        return self.slurm_metrics
 
     @property
     def is_host(self) -> bool:

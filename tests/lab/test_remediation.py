@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from lab import api, manage, monitoring, processes
+from lab import api, manage, monitoring, processes, stacks
 from lab.config import LabConfig
 from lab.faults import SpoilKind
 from lab.slurm import node_states, slurm
@@ -425,6 +425,67 @@ def test_enforce_stops_an_application_failure_and_drains_nothing(
     assert slurm(lab_cfg, "sinfo", "-h", "-t", "drain", "-o", "%N") == drained_before
     state = manage.show_job(lab_cfg, job)["JobState"]
     assert state in ("CANCELLED", "FAILED"), state  # cancelled, or already failed on its own
+
+
+def expedited(cfg: LabConfig) -> None:
+    if not stacks.get(cfg.stack).expedited_requeue:
+        pytest.skip(f"Slurm of the {cfg.stack} stack has no expedited requeue (25.11 and later)")
+
+
+def held(cfg: LabConfig, job: int) -> dict[str, str]:
+    """The job once Slurm has requeued and held it after its run failed."""
+
+    def found() -> dict[str, str]:
+        info = manage.show_job(cfg, job)
+        return info if info["JobState"] == "REQUEUE_HOLD" else {}
+
+    return eventually(found, what=f"job {job} requeued and held by Slurm")
+
+
+def test_a_job_slurm_holds_after_a_hardware_failure_is_released_away_from_the_node(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    """Slurm's expedited requeue (`--requeue=expedite`): the run that exits non-zero is requeued
+    by Slurm itself and held. slurmedic does not requeue it again: it drains the node to blame
+    and releases the held job with the node excluded."""
+    expedited(lab_cfg)
+    job, nodes = checkpointed_job(lab_cfg, submit, expedite=True)
+    bad = nodes[1]
+    manage.inject_job(lab_cfg, "crash_ecc", job, 1)
+    info = held(lab_cfg, job)
+    assert (info["Restarts"], info["ExpeditedRequeue"]) == ("1", "Yes"), info
+    rows = decided(lab_cfg, enforce, f"{job}.0", 2, {"executed", "failed"})
+    assert {a: r.state for a, r in rows.items()} == {
+        "drain": "executed",
+        "requeue": "executed",
+    }, failures(enforce, rows)
+    _, events = enforce.decision(rows["requeue"].id)  # type: ignore[misc]
+    ran = next(e.detail["run"]["commands"] for e in events if "run" in e.detail)
+    assert ran == [f"scontrol update jobid={job} ExcNodeList={bad}", f"scontrol release {job}"]
+    assert bad not in next_attempt(lab_cfg, job, 1)
+    assert rows["requeue"].mismatch is None
+
+
+def test_an_application_failure_slurm_holds_is_stopped(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    """The held job of an expedited requeue whose every rank crashed in its own code: the stop
+    cancels it (its successor never ran); nothing is drained."""
+    expedited(lab_cfg)
+    job = submit(nodes=2, expedite=True)
+    running_nodes(lab_cfg, job)
+    mapped(lab_cfg, job)
+    manage.inject_job(lab_cfg, "crash_cuda", job, 0, 1)
+    held(lab_cfg, job)
+    rows = decided(lab_cfg, enforce, f"{job}.0", 1, {"executed", "failed"})
+    assert list(rows) == ["stop"] and rows["stop"].state == "executed", failures(enforce, rows)
+    _, events = enforce.decision(rows["stop"].id)  # type: ignore[misc]
+    assert next(e.detail["run"]["commands"] for e in events if "run" in e.detail) == [
+        f"scancel {job}"
+    ]
+    eventually(
+        lambda: manage.show_job(lab_cfg, job)["JobState"] == "CANCELLED", what="job cancelled"
+    )
 
 
 def cli(cfg: LabConfig, *args: str) -> subprocess.CompletedProcess[str]:

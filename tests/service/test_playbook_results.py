@@ -102,6 +102,8 @@ def test_a_dry_run_records_the_same_commands_whatever_the_tasks_are_called(
         # cleaned up): the exclusion is widened, in the order Slurm listed it.
         ("JobState=PENDING", ["scontrol update jobid=7 ExcNodeList=gpu09,gpu04,gpu02"]),
         ("JobState=COMPLETING", ["scontrol update jobid=7 ExcNodeList=gpu09,gpu04,gpu02"]),
+        # An expedited requeue (25.11 and later) until Slurm relaunches it.
+        ("JobState=EXPEDITING", ["scontrol update jobid=7 ExcNodeList=gpu09,gpu04,gpu02"]),
         # The successor runs: nothing to requeue (where it runs is checked for real).
         ("JobState=RUNNING", []),
     ],
@@ -121,6 +123,26 @@ def test_a_job_slurm_requeued_has_its_exclusion_widened_while_its_successor_wait
     results = [run_playbook("requeue_job", extravars, check=True) for _ in range(2)]
     assert all(r.ok for r in results), results[0].output[-2000:]
     assert [r.commands for r in results] == [commands, commands]
+
+
+@pytest.mark.parametrize(
+    ("shown", "commands"),
+    [
+        # Slurm requeued and held the job after the attempt decided about (an expedited
+        # requeue's run that exited non-zero): its successor never ran, and is cancelled.
+        ("JobState=REQUEUE_HOLD Reason=job_requeued_in_held_state Restarts=1", ["scancel 7"]),
+        # Held by a person, or requeued and running again: not the attempt decided about.
+        ("JobState=PENDING Reason=JobHeldUser Restarts=1", []),
+        ("JobState=RUNNING Reason=None Restarts=1", []),
+    ],
+)
+def test_a_stop_cancels_the_successor_slurm_holds_after_the_attempt(
+    shown: str, commands: list[str], scontrol: Path
+) -> None:
+    fake = Path(shutil.which("scontrol") or "")
+    fake.write_text(fake.read_text().replace("JobState=RUNNING Reason=None Restarts=0", shown))
+    result = run_playbook("stop_job", {"slurmedic_job": 7, "slurmedic_attempt": 0}, check=True)
+    assert result.ok and result.commands == commands, result.output[-2000:]
 
 
 def test_nothing_to_do_is_recorded_as_no_commands(scontrol: Path, tmp_path: Path) -> None:

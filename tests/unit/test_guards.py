@@ -314,6 +314,9 @@ def test_no_requeue_refuses_a_job_submitted_with_no_requeue() -> None:
         ("FAILED", 42, [42, 93], "asked_not_to_restart"),
         ("FAILED", 93, [], None),  # the site turned it off
         ("PENDING", 93, None, None),  # requeued already: its earlier attempt's code
+        ("REQUEUE_HOLD", 93, None, "asked_not_to_restart"),  # Slurm's expedited requeue held it
+        ("SPECIAL_EXIT", 93, None, "asked_not_to_restart"),  # RequeueExitHold
+        ("REQUEUE_HOLD", 1, None, None),  # held after an ordinary failure: released as usual
     ],
 )
 def test_a_job_that_asks_not_to_be_restarted_is_not_requeued(

@@ -226,6 +226,11 @@ def test_only_an_ended_job_has_an_exit_code(release: str) -> None:
     record = {**record, "job_state": state, "exit_code": code}
     (job,) = read_jobs({**data, "jobs": [record]}, Release.parse(release), ("squeue",))
     assert (job.state, job.exit_code) == ("FAILED", 93)
+    # Requeued and held by Slurm after that run (an expedited requeue): its code is kept.
+    state = "REQUEUE_HOLD" if release < "23" else ["PENDING", "REQUEUE_HOLD"]
+    record = {**record, "job_state": state}
+    (job,) = read_jobs({**data, "jobs": [record]}, Release.parse(release), ("squeue",))
+    assert (job.state, job.held, job.waiting, job.exit_code) == ("REQUEUE_HOLD", True, True, 93)
 
 
 def test_grouped_sinfo_is_a_clear_error() -> None:

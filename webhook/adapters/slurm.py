@@ -29,7 +29,15 @@ from typing import Any
 
 import hostlist
 
-from webhook.core.cluster import ENDED_STATES, JOB_BASE_STATES, NODE_NAME, ClusterView, Job, Node
+from webhook.core.cluster import (
+    ENDED_STATES,
+    HELD_STATES,
+    JOB_BASE_STATES,
+    NODE_NAME,
+    ClusterView,
+    Job,
+    Node,
+)
 
 TIMEOUT_S = 10.0
 # scontrol's --json arrived in 23.02.
@@ -386,6 +394,7 @@ def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -
             state, base = job_state(j.get("job_state"))
             # end_time of a running job is its time limit; only an ended job's is when it ended.
             over = state in ENDED_STATES or base in ENDED_STATES
+            held = state in HELD_STATES  # its last run's code is kept while Slurm holds it
             ended = timestamp(j.get("end_time")) if over else None
             requeue = j.get("requeue", True)
             out.append(
@@ -404,7 +413,7 @@ def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -
                     started=timestamp(j.get("start_time")),
                     ended=ended,
                     base=base,
-                    exit_code=exit_code(j.get("exit_code")) if over else None,
+                    exit_code=exit_code(j.get("exit_code")) if over or held else None,
                 )
             )
         except ValueError as e:

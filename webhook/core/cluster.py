@@ -47,6 +47,9 @@ ENDED_STATES = {
 FAILED_STATES = ENDED_STATES - ENDED_ON_PURPOSE
 # Waiting to run (again): a requeued job's next attempt has not started in these.
 WAITING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+# Requeued by Slurm and held there after a run that ended (an expedited requeue's job that
+# exited non-zero, RequeueExitHold's SPECIAL_EXIT): the run's exit code is kept.
+HELD_STATES = frozenset({"REQUEUE_HOLD", "SPECIAL_EXIT"})
 
 
 def _ran_at(job: Job, at: datetime) -> bool:
@@ -112,8 +115,9 @@ class Job:
     # The nodes the job may not run on (its ExcNodeList): its owner's `--exclude`, a person's,
     # and slurmedic's own requeues'.
     excluded: frozenset[str] = frozenset()
-    # The exit code of its batch script once it ended (None while it runs, or when a signal
-    # ended it): a workload's own word, such as NVRx's 93 "do not restart me".
+    # The exit code of its batch script once it ended, or of the run Slurm requeued it from and
+    # holds it after (None while it runs, or when a signal ended it): a workload's own word,
+    # such as NVRx's 93 "do not restart me".
     exit_code: int | None = None
 
     @property
@@ -138,6 +142,12 @@ class Job:
     def has_ended(self) -> bool:
         """No longer running nor waiting to (completed, failed, cancelled, requeued...)."""
         return not self.active and self.state != "PENDING"
+
+    @property
+    def held(self) -> bool:
+        """Requeued and held by Slurm after its run ended (HELD_STATES): waiting for a release,
+        its exit code the ended run's."""
+        return self.state in HELD_STATES
 
     @property
     def interrupted(self) -> bool:

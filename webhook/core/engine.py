@@ -543,8 +543,13 @@ class Engine:
     def _incidents_for(self, ev: Evidence, at: datetime) -> list[Incident]:
         if ev.job is not None:
             job = self.view.jobs.get(ev.job)
-            # A job label is believed when the view confirms it (or names no node to check).
-            if job is not None and (ev.node is None or ev.node in job.nodes):
+            # A job label is believed when the view confirms it, or names no node to check: Slurm
+            # forgets the nodes of an attempt it requeued (and holds) while the next one waits.
+            if job is not None and (
+                ev.node is None
+                or ev.node in job.nodes
+                or (job.waiting and job.restarts > 0 and not job.nodes)
+            ):
                 return self._or_the_node(
                     [self._incident(self._attempt_key(job, ev), job.id, None, at)], ev, at
                 )

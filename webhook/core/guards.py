@@ -387,9 +387,12 @@ def asked_not_to_restart(d: Decision, ctx: Context) -> Outcome:
     """A job that ended with an exit code by which it asks not to be restarted (the policy's
     `scope.no_restart_exit_codes`: NVRx's 93 when the workload makes no progress) is not
     requeued: the workload itself knows it would only fail again. Its nodes are still drained
-    if the evidence blames them."""
+    if the evidence blames them. A job Slurm requeued and holds after such a run (an expedited
+    requeue's) is not released: it stays held for its owner."""
     job = ctx.job
-    if not _planned(d, "requeue") or job is None or job.waiting or not job.has_ended:
+    if not _planned(d, "requeue") or job is None:
+        return _keep(d)
+    if not job.held and (job.waiting or not job.has_ended):
         return _keep(d)
     if job.exit_code is None or job.exit_code not in ctx.policy.scope.no_restart_exit_codes:
         return _keep(d)
@@ -397,6 +400,8 @@ def asked_not_to_restart(d: Decision, ctx: Context) -> Outcome:
         f"job {job.id} ended with exit code {job.exit_code}, by which it asks not to be "
         "restarted (scope.no_restart_exit_codes; NVRx's 93: no progress)"
     )
+    if job.held:
+        why += "; Slurm holds it requeued: it stays held until its owner releases or cancels it"
     return _refuse(d, "asked_not_to_restart", why, ctx)
 
 
