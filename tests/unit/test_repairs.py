@@ -288,3 +288,15 @@ def test_a_repair_has_its_node_out_of_service_from_its_first_step_to_its_resume(
     # Monitor mode's dry run touched nothing.
     dry = step(started(drained(("GpuXidNodeFault", 79), ran=False)), "reboot", "executed", t1)
     assert repairs.out_of_service(dry) is None
+
+
+def test_where_slurm_does_not_reboot_a_reboot_goes_to_a_person() -> None:
+    """Slinky on Kubernetes: a reboot is a pod's or a node's event, not Slurm's RebootProgram."""
+    policy = load_policy({"mode": "enforce", "repairs": {"reboot": False}})
+    repair, move = repairs.begin(drained(("GpuXidNodeFault", 79)), 1, [], policy, T0)
+    assert repair.plan == "reboot" and move is not None and move.state == repairs.REPLACE
+    assert move.decision is not None and move.decision.action == "escalate"
+    assert "repairs.reboot: false" in move.reason
+    # A GPU reset still runs: the node's own command, not a reboot.
+    _, move = repairs.begin(drained(("GpuXidNodeFault", 48)), 1, [], policy, T0)
+    assert move is None

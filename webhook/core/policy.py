@@ -190,6 +190,10 @@ class Repairs(_Strict):
     max_in_repair: int = Field(default=8, ge=1)
     # A rebooted node that has not registered again by then goes to a person.
     reboot_timeout: Duration = timedelta(minutes=30)
+    # Whether Slurm reboots nodes here (`scontrol reboot`, its RebootProgram). False where a
+    # reboot is no Slurm event (Slinky on Kubernetes: a pod's or a Kubernetes node's): what a
+    # reboot would mend goes to a person instead.
+    reboot: bool = True
     # The site's health check, run on the node after its repair (exit 0: healthy): DCGM's
     # medium diagnostics by default; NHC or any command. An inventory host var
     # `slurmedic_health_check` overrides it per node.

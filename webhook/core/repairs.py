@@ -239,6 +239,11 @@ def begin(
     tried = [r for r in recent if r.tried]
     if plan == "replace":
         return repair, _replace(repair, now, policy, f"{why}: replace or service it")
+    if plan == "reboot" and not policy.repairs.reboot:
+        return repair, _replace(
+            repair, now, policy, f"{why}; slurmedic does not reboot here (repairs.reboot: false): "
+            "reboot it, or service it",
+        )  # fmt: skip
     if repaired:
         return repair, _replace(
             repair,
