@@ -204,7 +204,8 @@ def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
         f"scontrol release {job}",
     ]
     assert [e.state for e in events] == ["pending", "running", "executed"]
-    # Diagnostics of the drained node, kept after the requeue: its nvidia-smi lost a GPU.
+    # Diagnostics of the drained node, kept after the requeue: its nvidia-smi lost a GPU. A
+    # playbook run of its own, after the requeue's (26 s and 36 s later at load 10 on 2 CPUs).
     diag = eventually(
         lambda: next(
             (
@@ -214,6 +215,7 @@ def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
             ),
             None,
         ),
+        timeout=PLAYBOOK_RUN_S,
         what="diagnostics recorded",
     )
     assert diag is not None
@@ -432,6 +434,20 @@ def expedited(cfg: LabConfig) -> None:
         pytest.skip(f"Slurm of the {cfg.stack} stack has no expedited requeue (25.11 and later)")
 
 
+def drained_and_requeued(ledger: Ledger, incident: str) -> dict[str, DecisionRow]:
+    """The incident's decisions once its drain and requeue have run (an escalation beside them
+    when the node failed in an earlier test of the module too: a repeat)."""
+
+    def done() -> dict[str, DecisionRow]:
+        rows = {r.action: r for r in ledger.incident_decisions(incident) if r.state != SUPERSEDED}
+        ran = all(
+            a in rows and rows[a].state in ("executed", "failed") for a in ("drain", "requeue")
+        )
+        return rows if ran else {}
+
+    return eventually(done, timeout=180, what=f"the drain and requeue of {incident} run")
+
+
 def held(cfg: LabConfig, job: int) -> dict[str, str]:
     """The job once Slurm has requeued and held it after its run failed."""
 
@@ -454,38 +470,15 @@ def test_a_job_slurm_holds_after_a_hardware_failure_is_released_away_from_the_no
     manage.inject_job(lab_cfg, "crash_ecc", job, 1)
     info = held(lab_cfg, job)
     assert (info["Restarts"], info["ExpeditedRequeue"]) == ("1", "Yes"), info
-    rows = decided(lab_cfg, enforce, f"{job}.0", 2, {"executed", "failed"})
-    assert {a: r.state for a, r in rows.items()} == {
-        "drain": "executed",
-        "requeue": "executed",
-    }, failures(enforce, rows)
+    rows = drained_and_requeued(enforce, f"{job}.0")
+    assert (rows["drain"].state, rows["requeue"].state) == ("executed", "executed"), failures(
+        enforce, rows
+    )
     _, events = enforce.decision(rows["requeue"].id)  # type: ignore[misc]
     ran = next(e.detail["run"]["commands"] for e in events if "run" in e.detail)
     assert ran == [f"scontrol update jobid={job} ExcNodeList={bad}", f"scontrol release {job}"]
     assert bad not in next_attempt(lab_cfg, job, 1)
     assert rows["requeue"].mismatch is None
-
-
-def test_an_application_failure_slurm_holds_is_stopped(
-    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
-) -> None:
-    """The held job of an expedited requeue whose every rank crashed in its own code: the stop
-    cancels it (its successor never ran); nothing is drained."""
-    expedited(lab_cfg)
-    job = submit(nodes=2, expedite=True)
-    running_nodes(lab_cfg, job)
-    mapped(lab_cfg, job)
-    manage.inject_job(lab_cfg, "crash_cuda", job, 0, 1)
-    held(lab_cfg, job)
-    rows = decided(lab_cfg, enforce, f"{job}.0", 1, {"executed", "failed"})
-    assert list(rows) == ["stop"] and rows["stop"].state == "executed", failures(enforce, rows)
-    _, events = enforce.decision(rows["stop"].id)  # type: ignore[misc]
-    assert next(e.detail["run"]["commands"] for e in events if "run" in e.detail) == [
-        f"scancel {job}"
-    ]
-    eventually(
-        lambda: manage.show_job(lab_cfg, job)["JobState"] == "CANCELLED", what="job cancelled"
-    )
 
 
 def cli(cfg: LabConfig, *args: str) -> subprocess.CompletedProcess[str]:
