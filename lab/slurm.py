@@ -106,7 +106,7 @@ def render_slurm_conf(cfg: LabConfig) -> str:
         lines.append("MetricsType=metrics/openmetrics")
     if stacks.get(cfg.stack).expedited_requeue:
         # A `--requeue=expedite` job is requeued by Slurm itself, at once and first in line,
-        # when a node or an epilog fails, and held when it exits non-zero (docs/slurmrestd.md).
+        # when a node or an epilog fails, and held when it exits non-zero (docs/operations.md).
         lines.append("SlurmctldParameters=enable_expedited_requeue")
     for p in cfg.partitions:
         lines.append(

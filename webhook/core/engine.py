@@ -71,12 +71,12 @@ from webhook.core.incidents import IncidentKey, attempt_of
 from webhook.core.node_names import Unmatched
 from webhook.core.policy import SHARED, Policy
 from webhook.core.recovery import Verdict, Watch, remembered
+from webhook.core.repairs import Window
 from webhook.core.shared_cause import FailingNodes, Judged, Judgement, SharedCauses
 from webhook.core.signals import AGAINST_NODE, APPLICATION, UNREACHABLE
 from webhook.core.slowdown import requeue_at
 
 EvidenceKey = tuple[str, datetime]  # fingerprint, startsAt to the second (as the ledger keeps it)
-Window = tuple[datetime, datetime | None]
 
 
 def evidence_key(fingerprint: str, starts_at: datetime) -> EvidenceKey:

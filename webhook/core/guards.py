@@ -392,9 +392,8 @@ def asked_not_to_restart(d: Decision, ctx: Context) -> Outcome:
     job = ctx.job
     if not _planned(d, "requeue") or job is None:
         return _keep(d)
-    if not job.held and (job.waiting or not job.has_ended):
-        return _keep(d)
-    if job.exit_code is None or job.exit_code not in ctx.policy.scope.no_restart_exit_codes:
+    run_ended = job.held or (job.has_ended and not job.waiting)
+    if not run_ended or job.exit_code not in ctx.policy.scope.no_restart_exit_codes:
         return _keep(d)
     why = (
         f"job {job.id} ended with exit code {job.exit_code}, by which it asks not to be "

@@ -188,7 +188,11 @@ class Move:
     decision: Decision | None = None
 
 
-def out_of_service(repair: Repair) -> tuple[datetime, datetime | None] | None:
+# When a node was out of service: from, until (None: still).
+Window = tuple[datetime, datetime | None]
+
+
+def out_of_service(repair: Repair) -> Window | None:
     """When the repair itself had its node out of service: from its first step (a reset, a
     reboot or a check slurmedic asked for) to the end of its resume, still open while it is under
     way; a repair closed without a resume (sent to a person, ended) until it closed. None: it only

@@ -511,15 +511,17 @@ class LiveLoop:
             ids += self.ledger.save_repair(repair, move, now)
             busy += (move.state in repairs.IN_REPAIR) - mine
             log.info("repair %s: %s -> %s: %s", repair.key, repair.state, move.state, move.reason)
-        self._in_repair()
+        if ids:
+            self._in_repair()  # a step just decided opens its window before the next alert
         return ids
 
     def _in_repair(self) -> None:
         """Tell the engine when slurmedic's repairs had nodes out of service (a rebooted node
-        alerts down: not a new failure), before it routes what it reads next."""
+        alerts down: not a new failure), before it routes what it reads next. Read with each
+        view: a resume's run ends in the executor, which closes its window."""
         if not self.policy.repairs.enabled:
             return
-        windows: dict[str, list[tuple[datetime, datetime | None]]] = {}
+        windows: dict[str, list[repairs.Window]] = {}
         for repair, _ in self.ledger.repairs.listed(self.clock() - REPAIR_LOOKBACK):
             if (window := repairs.out_of_service(repair)) is not None:
                 windows.setdefault(repair.node, []).append(window)
