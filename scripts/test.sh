@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite: lint, types, rule and config checks on every stack's
 # Prometheus, Alertmanager and mtail, the built wheels from a bare venv (scripts/wheel_check.py),
-# unit and service tests beside the first stack's lab tests, then the other stacks' lab tests
-# side by side (each lab test run brings up labs of its own on other ports and leaves nothing
-# running).
+# then the unit and service tests and each stack's lab tests (in two halves), two jobs at a time
+# (each lab test run brings up labs of its own on other ports and leaves nothing running).
 #
 # With arguments, they go to one pytest run on the default stack instead, e.g.
 # `./scripts/test.sh -m "not lab"` for the unit tests alone; SLURMEDIC_LAB_STACK picks the stack.
@@ -53,45 +52,66 @@ fi
 echo "== the wheels, installed into a bare venv outside the repo (and the reporter alone)"
 SLURMEDIC_LAB_STACK="${STACKS[0]}" python scripts/wheel_check.py
 logs="$(mktemp -d)"
-# The lab tests of one stack, its output kept in $logs/<stack>.log (printed once it is done):
-# its own ports (SLURMEDIC_TEST_PORT_BASE, 6000 apart: a run's labs use base..+5000) and its
-# own temporary directory. The mtail program's tests (the lab's lines and the corpus of real
-# ones) run in the first stack's unit tests, and here on the others.
+# The lab test files in two halves of about equal time: each stack's lab tests run as two jobs
+# (the first half's files, then every other lab test file), so that the jobs pack onto the two
+# cores with no core idle while one long stack finishes.
+LAB_HALF=(
+  tests/lab/test_decisions.py tests/lab/test_replicas.py tests/lab/test_repairs.py
+  tests/lab/test_decisions_at_scale.py tests/lab/test_console_browser.py
+  tests/lab/test_backtest.py tests/lab/test_lifecycle.py tests/lab/test_deploy.py
+  tests/lab/test_shards.py
+)
+# One half of a stack's lab tests (1: LAB_HALF, 2: the rest), on its own ports
+# (SLURMEDIC_TEST_PORT_BASE, 3000 apart: a run's labs use base..+2930) and in its own temporary
+# directory. The mtail program's tests (the lab's lines and the corpus of real ones) run in the
+# first stack's unit tests, and here with the other stacks' second halves.
 lab_tests() {
-  local stack=$1 i=$2
-  (
-    export SLURMEDIC_LAB_STACK="$stack" SLURMEDIC_TEST_PORT_BASE=$((27000 - 6000 * i))
-    echo "== pytest: lab tests on the $stack stack"
-    pytest -p no:cacheprovider --basetemp="$logs/$stack" -m lab &&
-      if [ "$i" -gt 0 ]; then
-        echo "== pytest: the mtail program on the $stack stack"
-        pytest -p no:cacheprovider --basetemp="$logs/$stack-mtail" \
-          tests/unit/test_mtail_program.py tests/unit/test_joblog_corpus.py
-      fi
-  ) >"$logs/$stack.log" 2>&1
+  local stack=$1 half=$2 i=$3 files=()
+  if [ "$half" = 1 ]; then files=("${LAB_HALF[@]}"); else files=("${LAB_HALF[@]/#/--ignore=}"); fi
+  export SLURMEDIC_LAB_STACK="$stack" SLURMEDIC_TEST_PORT_BASE=$((27000 - 3000 * i))
+  echo "== pytest: lab tests on the $stack stack, half $half"
+  pytest -p no:cacheprovider --basetemp="$logs/$stack-$half" -m lab "${files[@]}" || return 1
+  if [ "$half" = 2 ] && [ "$stack" != "${STACKS[0]}" ]; then
+    echo "== pytest: the mtail program on the $stack stack"
+    pytest -p no:cacheprovider --basetemp="$logs/$stack-mtail" \
+      tests/unit/test_mtail_program.py tests/unit/test_joblog_corpus.py
+  fi
 }
-# Two at a time, as the machine (two cores) carries them: the first stack's lab tests, which
-# mostly wait on Slurm's and Prometheus' intervals, beside the unit and service tests, which
-# mostly compute; then the other stacks' lab tests side by side.
-failed=0
-lab_tests "${STACKS[0]}" 0 &
-first=$!
-echo "== pytest: unit and service tests on the ${STACKS[0]} stack"
-SLURMEDIC_LAB_STACK="${STACKS[0]}" pytest -p no:cacheprovider -m "not lab" || failed=1
-wait "$first" || failed=1
-cat "$logs/${STACKS[0]}.log"
-pids=()
+unit_tests() {
+  echo "== pytest: unit and service tests on the ${STACKS[0]} stack"
+  SLURMEDIC_LAB_STACK="${STACKS[0]}" pytest -p no:cacheprovider -m "not lab"
+}
+# The jobs, two at a time as the machine (two cores) carries them, in this order: the unit and
+# service tests (which mostly compute) beside the first lab job (which mostly waits on Slurm's
+# and Prometheus' intervals), then each next job as soon as one ends. Each job's output is kept
+# in $logs/<job>.log and printed once all are done, with its time.
+names=(unit)
+commands=(unit_tests)
 i=0
-for stack in "${STACKS[@]:1}"; do
-  i=$((i + 1))
-  lab_tests "$stack" "$i" &
-  pids+=($!)
+for stack in "${STACKS[@]}"; do
+  for half in 1 2; do
+    names+=("$stack-$half")
+    commands+=("lab_tests $stack $half $i")
+    i=$((i + 1))
+  done
 done
-i=0
-for stack in "${STACKS[@]:1}"; do
-  wait "${pids[$i]}" || failed=1
-  cat "$logs/$stack.log"
-  i=$((i + 1))
+run_job() {
+  local name=$1 started=$SECONDS rc=0
+  shift
+  ("$@") >"$logs/$name.log" 2>&1 || rc=$?
+  echo "== $name: exit $rc after $((SECONDS - started)) s" >>"$logs/$name.log"
+  echo "$rc" >"$logs/$name.rc"
+}
+for j in "${!names[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n || true; done
+  echo "== started ${names[$j]} at $SECONDS s"
+  run_job "${names[$j]}" ${commands[$j]} &
+done
+wait
+failed=0
+for name in "${names[@]}"; do
+  cat "$logs/$name.log"
+  [ "$(cat "$logs/$name.rc")" = 0 ] || failed=1
 done
 rm -rf "$logs"
 exit $failed

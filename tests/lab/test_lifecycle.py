@@ -14,7 +14,7 @@ pytestmark = pytest.mark.lab
 
 def test_up_up_down_leaves_nothing_running(tmp_path: Path) -> None:
     cfg = LabConfig(
-        run_dir=tmp_path / "lab", port_base=TEST_PORT_BASE + 3000, dcgm_host_label="hostname"
+        run_dir=tmp_path / "lab", port_base=TEST_PORT_BASE + 1000, dcgm_host_label="hostname"
     )
     try:
         manage.up(cfg)
@@ -59,7 +59,7 @@ def test_up_up_down_leaves_nothing_running(tmp_path: Path) -> None:
 
 
 def test_a_taken_port_is_named(tmp_path: Path) -> None:
-    cfg = LabConfig(run_dir=tmp_path / "lab", port_base=TEST_PORT_BASE + 4000)
+    cfg = LabConfig(run_dir=tmp_path / "lab", port_base=TEST_PORT_BASE + 2000)
     with socket.socket() as s:
         s.bind(("127.0.0.1", cfg.prometheus_port))
         s.listen()

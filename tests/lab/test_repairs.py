@@ -26,7 +26,7 @@ from lab.faults import load_gpu_faults
 from lab.slurm import node_states, slurm
 from tests.lab.conftest import eventually, query, serve_slurmedic
 from tests.lab.test_remediation import checkpointed_job, decided, heal, restore
-from webhook.core import repairs
+from webhook.core import lifecycle, repairs
 from webhook.core.repairs import Repair
 from webhook.ledger.store import Ledger
 
@@ -49,14 +49,16 @@ def enforce(lab_cfg: LabConfig, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def repair_of(ledger: Ledger, node: str, states: frozenset[str], after: int = 0) -> Repair:
-    """The node's first repair after its `after`-th, once it is in one of `states`. (A drain of
-    the node while a repair is under way, its fault's second alert, is recorded as a repair
-    ended at once: folded into the one under way.)"""
+    """The node's first repair after its `after`-th, once it is in one of `states` and none of
+    its steps still waits for the executor (the repair moves to its state when its last step is
+    decided; the executor runs that step a moment later). (A drain of the node while a repair
+    is under way, its fault's second alert, is recorded as a repair ended at once: folded into
+    the one under way.)"""
 
     def found() -> Repair | None:
         for r, _ in reversed(ledger.repairs.listed(EVER)):
             if r.node == node and r.seq > after and r.state in states:
-                return r
+                return None if any(s.state in lifecycle.WAITING for s in r.steps) else r
         return None
 
     try:
