@@ -8,15 +8,14 @@ from __future__ import annotations
 import base64
 import json
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.json_server import JsonHandler, serving
 from webhook.adapters.slurm import SlurmError
 from webhook.adapters.slurmrest import SlurmRest, Token, expiry, release_of
 from webhook.service.config import Cluster
@@ -50,10 +49,7 @@ def fake() -> Iterator[tuple[Fake, str]]:
     nodes = json.loads((DATA / "nodes.json").read_text())
     jobs = json.loads((DATA / "jobs.json").read_text())
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:
             token = self.headers.get("X-SLURM-USER-TOKEN", "")
             state.seen.append((self.path, token))
@@ -68,21 +64,8 @@ def fake() -> Iterator[tuple[Fake, str]]:
                 return self.reply(200, {**jobs, **META})
             return self.reply(404, {"errors": [{"description": "Unable find requested URL"}]})
 
-        def reply(self, code: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield state, url
 
 
 def token_file(tmp_path: Path, text: str) -> Token:

@@ -118,21 +118,36 @@ class SlurmRest:
     # ---- requests ---------------------------------------------------------------------------
     def get(self, path: str) -> dict[str, Any]:
         """GET `path` as JSON; SlurmError naming the URL and what slurmrestd said."""
-        resp = self._send(path)
-        if resp.status_code in REFUSED and self.token_source.command:
-            resp = self._send(path, renew=True)  # expired early, or revoked: made again once
-        return _answer(resp, self.url + path)
+        return self.call("GET", path)
 
-    def _send(self, path: str, *, renew: bool = False) -> requests.Response:
+    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """`method` on `path` (with a JSON `body`), its answer as JSON; SlurmError naming the
+        call and what slurmrestd said."""
+        resp = self._send(method, path, body)
+        if resp.status_code in REFUSED and self.token_source.command:
+            # Expired early, or revoked: made again once.
+            resp = self._send(method, path, body, renew=True)
+        return _answer(resp, f"{method} {self.url + path}")
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        renew: bool = False,
+    ) -> requests.Response:
         headers = {
             "X-SLURM-USER-NAME": self.user,
             "X-SLURM-USER-TOKEN": self._current_token(renew=renew),
             "Accept": "application/json",
         }
         try:
-            return self._session.get(self.url + path, headers=headers, timeout=self.timeout)
+            return self._session.request(
+                method, self.url + path, headers=headers, json=body, timeout=self.timeout
+            )
         except requests.RequestException as e:
-            raise SlurmError(f"GET {self.url + path}: {_short(e)}") from e
+            raise SlurmError(f"{method} {self.url + path}: {_short(e)}") from e
 
     def api(self) -> str:
         """The API version to call: the config's, or the newest the server describes."""
@@ -205,7 +220,7 @@ def expiry(token: str) -> float | None:
     return float(exp) if isinstance(exp, int | float) else None
 
 
-def _answer(resp: requests.Response, url: str) -> dict[str, Any]:
+def _answer(resp: requests.Response, call: str) -> dict[str, Any]:
     try:
         data = resp.json()
     except ValueError:
@@ -216,11 +231,11 @@ def _answer(resp: requests.Response, url: str) -> dict[str, Any]:
     )
     if resp.status_code >= 400:
         text = said or resp.text.strip()[:200] or resp.reason
-        raise SlurmError(f"GET {url}: HTTP {resp.status_code}: {text}")
+        raise SlurmError(f"{call}: HTTP {resp.status_code}: {text}")
     if not isinstance(data, dict):
-        raise SlurmError(f"GET {url}: not a JSON object")
+        raise SlurmError(f"{call}: not a JSON object")
     if said:
-        raise SlurmError(f"GET {url}: {said}")
+        raise SlurmError(f"{call}: {said}")
     return data
 
 

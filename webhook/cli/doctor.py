@@ -20,8 +20,10 @@ from typing import Any, Literal
 import click
 import requests
 
+from webhook.adapters import rest_commands
 from webhook.adapters.prometheus import Prometheus, PrometheusError
 from webhook.adapters.slurm import SlurmCluster, SlurmError, SlurmSnapshot
+from webhook.adapters.slurmrest import SlurmRest
 from webhook.cli.common import config_option
 from webhook.core.evidence import node_label
 from webhook.core.node_names import check_hosts
@@ -259,11 +261,14 @@ def _read(snap: SlurmSnapshot, how: str, switches: str) -> Finding:
 
 
 def _slurmrestd(site: Site) -> Iterator[Finding]:
-    """The view read through slurmrestd; the rights and settings checks need scontrol."""
+    """The view read through slurmrestd, and what the playbooks can do through its API."""
     assert site.config is not None and site.config.cluster.rest is not None
     url = site.config.cluster.rest.url
+    reader = site.config.cluster.reader()
+    assert isinstance(reader, SlurmRest)
     try:
-        site.slurm = snap = site.config.cluster.reader().snapshot()
+        site.slurm = snap = reader.snapshot()
+        api = reader.api()
     except SlurmError as e:
         yield Finding(
             "slurm",
@@ -274,13 +279,27 @@ def _slurmrestd(site: Site) -> Iterator[Finding]:
         )
         return
     yield _read(snap, f" through slurmrestd ({url})", "in cluster.rest.topology_file")
-    yield Finding(
-        "slurm rights",
-        "warn",
-        "the view is read through slurmrestd; the playbooks still act with scontrol on the "
-        "executor's inventory hosts, whose rights this check cannot read over REST",
-        "see docs/slurmrestd.md (what runs over REST today)",
-    )
+    can, cannot = rest_commands.acts(api)
+    said = f"over slurmrestd {api} the playbooks can {', '.join(can)}; not {', '.join(cannot)}"
+    if cannot != ["reboot"]:
+        yield Finding(
+            "slurm acts",
+            "warn",
+            said,
+            "decisions that need the rest fail and go to a person: run the executor with "
+            "Slurm's commands (cluster.slurm: cli) or a newer Slurm (docs/slurmrestd.md)",
+        )
+    else:
+        yield Finding("slurm acts", "ok", said)
+    policy = site.policy
+    if policy is not None and policy.repairs.enabled and policy.repairs.reboot:
+        yield Finding(
+            "slurm reboots",
+            "warn",
+            "the policy lets repairs reboot nodes, and slurmrestd has no reboot: serve takes "
+            "repairs.reboot as false (what a reboot would mend goes to a person)",
+            "set repairs.reboot: false in the policy, to say so there (docs/repairs.md)",
+        )
 
 
 def _reboots(site: Site, cluster: SlurmCluster) -> Iterator[Finding]:

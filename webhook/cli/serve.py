@@ -268,6 +268,9 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
     ledger = Ledger(config.database_url)
     ledger.lock_for_loop()  # SQLite: one loop a file (LoopRefused otherwise)
     cluster = config.cluster.reader()
+    policy, changed = config.cluster.fit(policy)
+    if changed:
+        logging.getLogger("slurmedic.loop").warning("%s", changed)
     # serve's group (prepared before it started anything), or, run alone, its own
     group = (
         _run_group(config)
@@ -291,7 +294,7 @@ def run_loop(config: ServiceConfig, policy: Policy, word_fd: int | None = None) 
         if config.executor.enabled:
             dispatcher = Dispatcher(
                 ledger,
-                slurm_env=config.cluster.slurm_env(),
+                slurm_env=config.cluster.playbook_env(),
                 inventory=config.executor.inventory or INVENTORY,
                 timeout=config.executor.timeout_seconds,
                 concurrency=config.executor.concurrency,

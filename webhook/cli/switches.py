@@ -64,7 +64,7 @@ def resume(config_path: Path | None, nodes: tuple[str, ...]) -> None:
     """Return repaired NODES to service (only nodes slurmedic drained)."""
     config = config_of(config_path)
     ledger = ledger_of(config_path)
-    env = config.cluster.slurm_env()
+    env = config.cluster.playbook_env()
     now = datetime.now(UTC)
     try:
         result = run_playbook(

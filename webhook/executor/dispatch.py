@@ -63,7 +63,9 @@ ORDER = {"drain": 0, "resume": 0, "requeue": 1, "stop": 1}
 TRANSIENT = re.compile(
     r"Socket timed out|Unable to contact slurm controller|Zero Bytes were "
     r"transmitted|Resource temporarily unavailable|slurm_load_\w+ error|"
-    r"changed since it was read"
+    r"changed since it was read|"
+    # slurmrestd out of reach or restarting (the playbooks' commands over REST)
+    r"over slurmrestd\): .*(Connection refused|Read timed out|HTTP 50[234])"
 )
 
 

@@ -17,9 +17,11 @@ from pydantic import (
     model_validator,
 )
 
+from webhook.adapters import rest_commands
 from webhook.adapters.slurm import SlurmCluster
 from webhook.adapters.slurmrest import SlurmRest, Token
 from webhook.core.patterns import check_argv
+from webhook.core.policy import Policy
 from webhook.core.validation import describe
 from webhook.files import FileError, load_mapping, read_text
 
@@ -136,6 +138,34 @@ class Cluster(_Strict):
         if self.slurm_bin is not None:
             env["PATH"] = f"{self.slurm_bin}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
         return env
+
+    def playbook_env(self) -> dict[str, str]:
+        """What the playbooks that act on Slurm run with: the commands' environment, and over
+        slurmrestd `scontrol` and `scancel` standing in for Slurm's (adapters/rest_commands.py)
+        first on PATH, with the settings they call slurmrestd by. (`slurm_env` stays the real
+        commands': a token_command runs the real `scontrol token`.)"""
+        env = self.slurm_env()
+        if self.slurm != "rest" or self.rest is None:
+            return env
+        rest = self.rest
+        path = env.get("PATH", os.environ.get("PATH", os.defpath))
+        env["PATH"] = f"{rest_commands.command_dir()}{os.pathsep}{path}"
+        env[rest_commands.ENV] = rest_commands.rest_settings(
+            rest.url, rest.user, rest.token_file, rest.token_command, rest.api,
+            rest.timeout_seconds,
+        )  # fmt: skip
+        return env
+
+    def fit(self, policy: Policy) -> tuple[Policy, str]:
+        """The policy as this cluster can carry it out, and what was changed, if anything:
+        slurmrestd has no reboot, so over REST a reboot's repair goes to a person."""
+        if self.slurm == "rest" and policy.repairs.enabled and policy.repairs.reboot:
+            repairs = policy.repairs.model_copy(update={"reboot": False})
+            return policy.model_copy(update={"repairs": repairs}), (
+                "cluster.slurm is rest and slurmrestd has no reboot: repairs.reboot is taken as "
+                "false (what a reboot would mend goes to a person)"
+            )
+        return policy, ""
 
     def reader(self) -> SlurmCluster | SlurmRest:
         """The adapter that reads the cluster view, by `slurm`."""
