@@ -47,6 +47,19 @@ def _default_accounting() -> bool:
     return _accounting_from(os.environ.get(ACCOUNTING_ENV) or "1")
 
 
+# How the lab's slurmedic reaches Slurm (its config's cluster.slurm): `cli`, Slurm's commands;
+# `rest`, slurmrestd alone, with a token the lab makes at `up` (as beside Slinky).
+SLURM_ENV = "SLURMEDIC_LAB_SLURM"
+TRANSPORTS = ("cli", "rest")
+
+
+def _default_transport() -> str:
+    raw = os.environ.get(SLURM_ENV) or "cli"
+    if raw not in TRANSPORTS:
+        raise ValueError(f"{SLURM_ENV} must be cli (the default) or rest, not {raw!r}")
+    return raw
+
+
 def default_run_dir() -> Path:
     """`run/lab` in a checkout; for an installed slurmedic, the user's state directory (its
     own package directory is no place for a lab's state)."""
@@ -92,6 +105,8 @@ class LabConfig:
     python: str = field(default_factory=lambda: sys.executable)
     # slurmdbd and its MariaDB (lab/accounting.py); SLURMEDIC_LAB_ACCOUNTING=0 turns them off.
     accounting: bool = field(default_factory=_default_accounting)
+    # SLURMEDIC_LAB_SLURM: how the lab's slurmedic reads and acts on Slurm (cli or rest).
+    slurm_transport: str = field(default_factory=_default_transport)
     # slurmedic's playbook runs in a cgroup that gives way under contention (executor.cpu_weight,
     # the product's default). False: they compete as equals. The lab tests say False: on a host
     # without CPU accounting (cgroup v1's root, as in CI) the runs give way to every process on
@@ -233,6 +248,11 @@ class LabConfig:
     @property
     def slurmrestd_url(self) -> str:
         return self.url(self.slurmrestd_port)
+
+    @property
+    def slurmrestd_token_file(self) -> Path:
+        """A JWT for root, made at `up` (`scontrol token`), as a site's renewal job keeps one."""
+        return self.etc / "slurmrestd.jwt"
 
     @property
     def jwt_key(self) -> Path:

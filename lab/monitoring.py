@@ -266,6 +266,25 @@ def alertmanager_config(cfg: LabConfig) -> dict[str, Any]:
     return config
 
 
+def cluster_config(cfg: LabConfig, transport: str = "") -> dict[str, Any]:
+    """How the lab's slurmedic reaches Slurm (`transport`, else cfg.slurm_transport): its
+    commands, or slurmrestd alone (no Slurm config, no commands, the token made at `up`)."""
+    if (transport or cfg.slurm_transport) == "rest":
+        rest = {
+            "url": cfg.slurmrestd_url,
+            "user": "root",
+            "token_file": str(cfg.slurmrestd_token_file),
+            "topology_file": str(cfg.etc / "topology.conf"),
+        }
+        return {"slurm": "rest", "rest": rest, "refresh_seconds": 1}
+    return {
+        "slurm_conf": str(cfg.slurm_conf),
+        # The stack's commands, for a stack other than the host's (lab/stacks.py).
+        **({"slurm_bin": str(cfg.bindir)} if cfg.bindir.is_dir() else {}),
+        "refresh_seconds": 1,
+    }
+
+
 def slurmedic_config(cfg: LabConfig) -> dict[str, Any]:
     """slurmedic's own service config for the lab: where Alertmanager sends, the lab's Slurm."""
     return {
@@ -273,12 +292,7 @@ def slurmedic_config(cfg: LabConfig) -> dict[str, Any]:
         "database_url": f"sqlite:///{cfg.run_dir / 'slurmedic' / 'ledger.db'}",
         "auth": {"bearer_token_file": str(cfg.webhook_token_file)},
         "policy_file": str(cfg.etc / "policy.yml"),
-        "cluster": {
-            "slurm_conf": str(cfg.slurm_conf),
-            # The stack's commands, for a stack other than the host's (lab/stacks.py).
-            **({"slurm_bin": str(cfg.bindir)} if cfg.bindir.is_dir() else {}),
-            "refresh_seconds": 1,
-        },
+        "cluster": cluster_config(cfg),
         "tick_seconds": 0.5,
         # The lab's one-second pace: /metrics (node states among them) no older than a second.
         "metrics_cache_seconds": 1,

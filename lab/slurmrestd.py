@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from lab import person, processes
 from lab.config import LabConfig
-from lab.slurm import LabError
+from lab.slurm import LabError, slurm
 
 USER = "slurmrestd"
+# A token outlives any lab session; `up` makes a new one.
+TOKEN_LIFESPAN_S = 7 * 24 * 3600
 
 
 def start(cfg: LabConfig) -> None:
@@ -23,3 +25,7 @@ def start(cfg: LabConfig) -> None:
     processes.start(cfg, "slurmrestd", person.command(cfg, USER, *argv), env=env, cwd=cfg.run_dir)
     if not processes.wait_until(lambda: processes.port_in_use(cfg.slurmrestd_port), 15, 0.2):
         raise LabError(f"slurmrestd did not listen; see {cfg.logs}/slurmrestd.out")
+    # The token a REST-only slurmedic calls it with (SLURMEDIC_LAB_SLURM=rest, and the tests').
+    token = slurm(cfg, "scontrol", "token", "username=root", f"lifespan={TOKEN_LIFESPAN_S}")
+    cfg.slurmrestd_token_file.write_text(token)
+    cfg.slurmrestd_token_file.chmod(0o600)

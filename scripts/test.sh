@@ -59,17 +59,26 @@ LAB_HALF=(
   tests/lab/test_decisions.py tests/lab/test_replicas.py tests/lab/test_repairs.py
   tests/lab/test_decisions_at_scale.py tests/lab/test_console_browser.py
   tests/lab/test_backtest.py tests/lab/test_lifecycle.py tests/lab/test_deploy.py
-  tests/lab/test_shards.py
+  tests/lab/test_shards.py tests/lab/test_rest_commands.py
 )
-# One half of a stack's lab tests (1: LAB_HALF, 2: the rest), on its own ports
-# (SLURMEDIC_TEST_PORT_BASE, 3000 apart: a run's labs use base..+2930) and in its own temporary
-# directory. The mtail program's tests (the lab's lines and the corpus of real ones) run in the
+# The remediation lab tests again with slurmedic reaching Slurm through slurmrestd alone
+# (SLURMEDIC_LAB_SLURM=rest), on the stack whose REST API can requeue (26.05's v0.0.45; the
+# others' limits are tests/lab/test_rest_commands.py's).
+REST_STACK=sid
+REST_LAB=(tests/lab/test_remediation.py tests/lab/test_remediation_failures.py)
+# One part of a stack's lab tests (1: LAB_HALF, 2: the rest, rest: REST_LAB over REST), on its
+# own ports (SLURMEDIC_TEST_PORT_BASE, 3000 apart: a run's labs use base..+2930) and in its own
+# temporary directory. The mtail program's tests (the lab's lines and the corpus of real ones) run in the
 # first stack's unit tests, and here with the other stacks' second halves.
 lab_tests() {
   local stack=$1 half=$2 i=$3 files=()
-  if [ "$half" = 1 ]; then files=("${LAB_HALF[@]}"); else files=("${LAB_HALF[@]/#/--ignore=}"); fi
+  case $half in
+    1) files=("${LAB_HALF[@]}") ;;
+    2) files=("${LAB_HALF[@]/#/--ignore=}") ;;
+    rest) files=("${REST_LAB[@]}") && export SLURMEDIC_LAB_SLURM=rest ;;
+  esac
   export SLURMEDIC_LAB_STACK="$stack" SLURMEDIC_TEST_PORT_BASE=$((27000 - 3000 * i))
-  echo "== pytest: lab tests on the $stack stack, half $half"
+  echo "== pytest: lab tests on the $stack stack, part $half"
   pytest -p no:cacheprovider --basetemp="$logs/$stack-$half" -m lab "${files[@]}" || return 1
   if [ "$half" = 2 ] && [ "$stack" != "${STACKS[0]}" ]; then
     echo "== pytest: the mtail program on the $stack stack"
@@ -81,20 +90,25 @@ unit_tests() {
   echo "== pytest: unit and service tests on the ${STACKS[0]} stack"
   SLURMEDIC_LAB_STACK="${STACKS[0]}" pytest -p no:cacheprovider -m "not lab"
 }
-# The jobs, two at a time as the machine (two cores) carries them, in this order: the unit and
-# service tests (which mostly compute) beside the first lab job (which mostly waits on Slurm's
-# and Prometheus' intervals), then each next job as soon as one ends. Each job's output is kept
-# in $logs/<job>.log and printed once all are done, with its time.
-names=(unit)
-commands=(unit_tests)
+# The jobs, two at a time as the machine (two cores) carries them, each next one as soon as
+# one ends: the lab jobs (about 20 min each, mostly waiting on Slurm's and Prometheus'
+# intervals) first, the unit and service tests (14 min, mostly computing) last, so that the
+# two cores finish together. Each job's output is kept in $logs/<job>.log and printed once all
+# are done, with its time.
+names=()
+commands=()
 i=0
 for stack in "${STACKS[@]}"; do
-  for half in 1 2; do
+  halves=(1 2)
+  if [ "$stack" = "$REST_STACK" ]; then halves+=(rest); fi
+  for half in "${halves[@]}"; do
     names+=("$stack-$half")
     commands+=("lab_tests $stack $half $i")
     i=$((i + 1))
   done
 done
+names+=(unit)
+commands+=(unit_tests)
 run_job() {
   local name=$1 started=$SECONDS rc=0
   shift

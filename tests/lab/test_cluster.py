@@ -16,6 +16,7 @@ import yaml
 
 from lab import manage
 from lab.config import LabConfig
+from lab.monitoring import cluster_config
 from lab.slurm import node_states, slurm
 from tests.lab.conftest import eventually, running_nodes
 
@@ -67,23 +68,10 @@ def cluster_show(cfg: LabConfig, config: Path | None = None) -> dict[str, Any]:
 
 def rest_config(cfg: LabConfig, path: Path, **rest: Any) -> Path:
     """The lab's slurmedic config reading Slurm through slurmrestd only: no Slurm config or
-    commands, a JWT in a file (made here by `scontrol token`, as a site's renewal job does)."""
-    token = path.with_name(path.stem + ".jwt")
-    if not token.exists():
-        token.write_text(slurm(cfg, "scontrol", "token", "username=root", "lifespan=3600"))
-        token.chmod(0o600)
+    commands, the JWT the lab made at `up` (`scontrol token`, as a site's renewal job does)."""
     config = yaml.safe_load(cfg.slurmedic_config.read_text())
-    config["cluster"] = {
-        "slurm": "rest",
-        "rest": {
-            "url": cfg.slurmrestd_url,
-            "user": "root",
-            "token_file": str(token),
-            "topology_file": str(cfg.etc / "topology.conf"),
-            **rest,
-        },
-        "refresh_seconds": 1,
-    }
+    config["cluster"] = cluster_config(cfg, "rest")
+    config["cluster"]["rest"].update(rest)
     path.write_text(yaml.safe_dump(config))
     return path
 

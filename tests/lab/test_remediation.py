@@ -132,19 +132,25 @@ def checkpointed_job(
     return job, nodes
 
 
+def xid_79_under_a_seen_job(cfg: LabConfig, submit: Callable[..., int]) -> tuple[int, str]:
+    """A checkpointed training job, an XID 79 on its second node once slurmedic sees the job:
+    (job, that node). slurmedic's own view must have the job too (its loop polls Slurm every
+    few seconds): an XID before that, without dcgm-exporter's job label yet, is an idle node's
+    failure, drained in an incident of its own (CI saw it once, with slurmedic started a second
+    before)."""
+    job, nodes = checkpointed_job(cfg, submit)
+    eventually(
+        lambda: query(cfg, f'slurmedic_job_eligible{{slurm_job_id="{job}"}} == 1'),
+        what="slurmedic sees the job",
+    )
+    manage.inject_gpu(cfg, "xid", nodes[1], 4, xid=79)
+    return job, nodes[1]
+
+
 def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
-    job, nodes = checkpointed_job(lab_cfg, submit)
-    bad = nodes[1]
-    # slurmedic's own view has the job too (its loop polls Slurm every few seconds): an XID
-    # before that, without dcgm-exporter's job label yet, is an idle node's failure, drained
-    # in an incident of its own (CI saw it once, with slurmedic started a second before).
-    eventually(
-        lambda: query(lab_cfg, f'slurmedic_job_eligible{{slurm_job_id="{job}"}} == 1'),
-        what="slurmedic sees the job",
-    )
-    manage.inject_gpu(lab_cfg, "xid", bad, 4, xid=79)
+    job, bad = xid_79_under_a_seen_job(lab_cfg, submit)
     rows = decided(lab_cfg, enforce, f"{job}.0", 2, {"executed", "failed"})
     assert {a: r.state for a, r in rows.items()} == {
         "drain": "executed",

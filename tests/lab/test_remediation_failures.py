@@ -24,6 +24,7 @@ from tests.lab.conftest import PLAYBOOK_RUN_S, eventually, query, running_nodes,
 from tests.lab.test_remediation import (
     checkpointed_job,
     decided,
+    expedited,
     failures,
     healthy_after,
     mapped,
@@ -115,6 +116,37 @@ def test_a_node_that_stops_answering_is_drained_and_the_job_requeued_without_it(
         assert found is not None
         run = [e.detail["run"] for e in found[1] if "run" in e.detail][-1]
         assert excluded or ("successor_nodes" in run and bad not in run["successor_nodes"]), run
+    stays_drained(lab_cfg, bad)
+
+
+def test_a_job_slurm_requeues_itself_when_its_node_dies_is_requeued_once(
+    lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
+) -> None:
+    """Slurm's expedited requeue (`--requeue=expedite`, 25.11 and later): when a node of the job
+    dies, Slurm requeues the job itself, first in line (EXPEDITING), and it runs again
+    elsewhere within seconds. slurmedic drains the dead node and never requeues the job a
+    second time: one restart, not two."""
+    expedited(lab_cfg)
+    job = submit(nodes=3, expedite=True)
+    nodes = running_nodes(lab_cfg, job)
+    mapped(lab_cfg, job)
+    bad = nodes[2]
+    manage.kill_node(lab_cfg, bad)
+    rows = decided(lab_cfg, enforce, f"{job}.0", 2, {"executed", "failed", "recorded"})
+    assert rows["drain"].state == "executed" and rows["drain"].nodes == [bad], failures(
+        enforce, rows
+    )
+    # Its requeue found Slurm's own under way (the exclusion added to the waiting successor,
+    # nothing requeued), or came after the successor had started (left alone).
+    assert ("requeue" in rows and rows["requeue"].state == "executed") or (
+        "none" in rows and "was requeued without slurmedic" in rows["none"].reason
+    ), failures(enforce, rows)
+    if "requeue" in rows:
+        _, events = enforce.decision(rows["requeue"].id)  # type: ignore[misc]
+        ran = next(e.detail["run"]["commands"] for e in events if "run" in e.detail)
+        assert not any("requeuehold" in c for c in ran), ran
+    resumed_without(lab_cfg, job, bad)
+    assert manage.show_job(lab_cfg, job)["Restarts"] == "1"
     stays_drained(lab_cfg, bad)
 
 

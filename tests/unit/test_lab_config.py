@@ -128,3 +128,24 @@ def test_the_lab_ruler_federates_the_shards_under_the_job_the_rules_select() -> 
     from webhook.rules.render import RuleSource
 
     assert RuleSource().config("global")["shard_selector"] == f'job="{SHARD_JOB}"'
+
+
+def test_the_lab_s_slurmedic_reaches_slurm_through_slurmrestd_when_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SLURMEDIC_LAB_SLURM=rest: the lab's slurmedic config names slurmrestd alone (no Slurm
+    config or commands), with the token `up` makes; a config slurmedic itself accepts."""
+    from lab.monitoring import cluster_config
+    from webhook.service.config import Cluster
+
+    monkeypatch.setenv("SLURMEDIC_LAB_SLURM", "rest")
+    cfg = LabConfig(run_dir=tmp_path, port_base=27000)
+    rest = cluster_config(cfg)
+    assert rest["slurm"] == "rest" and "slurm_conf" not in rest and "slurm_bin" not in rest
+    assert rest["rest"]["token_file"] == str(cfg.slurmrestd_token_file)
+    assert rest["rest"]["url"] == cfg.slurmrestd_url
+    Cluster.model_validate(rest)
+    assert cluster_config(cfg, "cli")["slurm_conf"] == str(cfg.slurm_conf)
+    monkeypatch.setenv("SLURMEDIC_LAB_SLURM", "scontrol")
+    with pytest.raises(ValueError, match=r"SLURMEDIC_LAB_SLURM must be cli .* or rest"):
+        LabConfig(run_dir=tmp_path, port_base=27000)
