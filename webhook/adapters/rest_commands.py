@@ -48,6 +48,7 @@ import hostlist
 
 from webhook.adapters.slurm import SlurmError, job_state, names, node_state, number
 from webhook.adapters.slurmrest import SlurmRest, Token
+from webhook.core.patterns import NODE_NAME
 
 # Where the executor passes slurmrestd's settings (cluster.rest, as JSON) to the playbooks.
 ENV = "SLURMEDIC_SLURMREST"
@@ -183,7 +184,10 @@ def _update(rest: SlurmRest, settings: dict[str, str]) -> None:
         return
     job = settings.pop("jobid", "")
     if job.isdigit() and set(settings) == {"excnodelist"}:
-        _act(rest, "POST", f"/job/{job}", {"excluded_nodes": settings["excnodelist"]})
+        excluded = settings["excnodelist"]
+        if excluded:
+            _expand(excluded)  # names only, as scontrol takes them
+        _act(rest, "POST", f"/job/{job}", {"excluded_nodes": excluded})
         return
     raise Usage("scontrol update over slurmrestd takes nodename=... or jobid=... ExcNodeList=...")
 
@@ -215,10 +219,14 @@ def _one(rest: SlurmRest, path: str, key: str) -> Mapping[str, Any]:
 
 
 def _expand(expr: str) -> list[str]:
+    """The node names of a host list, each a node name (they go into a URL's path)."""
     try:
-        return list(hostlist.expand_hostlist(expr))
+        found = list(hostlist.expand_hostlist(expr))
     except hostlist.BadHostlist as e:
         raise Usage(f"{expr[:60]!r} is not a host list") from e
+    if not found or not all(NODE_NAME.match(n) for n in found):
+        raise Usage(f"{expr[:60]!r} is not a list of node names")
+    return found
 
 
 # ---- scontrol's lines ---------------------------------------------------------------------
