@@ -68,8 +68,8 @@ REST_STACK=sid
 REST_LAB=(tests/lab/test_remediation.py tests/lab/test_remediation_failures.py)
 # One part of a stack's lab tests (1: LAB_HALF, 2: the rest, rest: REST_LAB over REST), on its
 # own ports (SLURMEDIC_TEST_PORT_BASE, 3000 apart: a run's labs use base..+2930) and in its own
-# temporary directory. The mtail program's tests (the lab's lines and the corpus of real ones) run in the
-# first stack's unit tests, and here with the other stacks' second halves.
+# temporary directory. The mtail program's tests (the lab's lines and the corpus of real ones)
+# run in the first stack's unit tests, and here with the other stacks' second halves.
 lab_tests() {
   local stack=$1 half=$2 i=$3 files=()
   case $half in

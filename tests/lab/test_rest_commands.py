@@ -35,7 +35,7 @@ from tests.lab.conftest import (
 from tests.lab.test_cluster import rest_config
 from tests.lab.test_deploy import doctor
 from tests.lab.test_remediation import decided, failures, heal, restore, xid_79_under_a_seen_job
-from webhook.adapters.slurmrest import SlurmRest
+from webhook.adapters.slurmrest import SlurmRest, version
 from webhook.ledger.store import Ledger
 from webhook.service.config import load_config
 
@@ -56,7 +56,7 @@ def api(rest: Path) -> int:
     on 22.05, v0.0.42 on 24.11, v0.0.45 on 26.05)."""
     reader = load_config(rest).cluster.reader()
     assert isinstance(reader, SlurmRest)
-    return int(reader.api().rsplit(".", 1)[1])
+    return version(reader.api())
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import os
 import shutil
 import sys
@@ -46,8 +45,8 @@ from typing import Any
 
 import hostlist
 
-from webhook.adapters.slurm import SlurmError, job_state, names, node_state, number
-from webhook.adapters.slurmrest import SlurmRest, Token
+from webhook.adapters.slurm import SlurmError, flag, job_state, names, node_state, number
+from webhook.adapters.slurmrest import SlurmRest, version
 from webhook.core.patterns import NODE_NAME
 
 # Where the executor passes slurmrestd's settings (cluster.rest, as JSON) to the playbooks.
@@ -61,12 +60,12 @@ REQUEUE_SINCE = 45
 
 def acts(api: str) -> tuple[list[str], list[str]]:
     """What the playbooks can and cannot do over slurmrestd's API version `api` (v0.0.NN)."""
-    version = int(api.rsplit(".", 1)[1])
+    number = version(api)
     can: list[str] = []
     cannot: list[str] = []
     for act, since in (("drain", NODE_UPDATE_SINCE), ("resume", NODE_UPDATE_SINCE),
                        ("requeue", REQUEUE_SINCE)):  # fmt: skip
-        (can if version >= since else cannot).append(act)
+        (can if number >= since else cannot).append(act)
     return [*can, "stop", "release", "exclude nodes"], [*cannot, "reboot"]
 
 
@@ -75,35 +74,17 @@ class Usage(SlurmError):
 
 
 def client_from_env(env: Mapping[str, str], own_dir: Path | None = None) -> SlurmRest:
-    """The client ENV describes. A token command runs with `own_dir` (where these stand-ins
-    are) left off PATH: `scontrol token` is the real scontrol's."""
+    """The client ENV describes (SlurmRest.settings). A token command runs with `own_dir`
+    (where these stand-ins are) left off PATH: `scontrol token` is the real scontrol's."""
     raw = env.get(ENV)
     if not raw:
         raise SlurmError(f"{ENV} is not set: the executor sets it when cluster.slurm is rest")
+    path = [p for p in env.get("PATH", os.defpath).split(os.pathsep)
+            if own_dir is None or Path(p) != own_dir]  # fmt: skip
     try:
-        conf = json.loads(raw)
-        path = [p for p in env.get("PATH", os.defpath).split(os.pathsep)
-                if own_dir is None or Path(p) != own_dir]  # fmt: skip
-        token = Token(
-            Path(conf["token_file"]) if conf.get("token_file") else None,
-            tuple(conf.get("token_command") or ()),
-            {"PATH": os.pathsep.join(path)},
-        )
-        return SlurmRest(
-            conf["url"], conf["user"], token, api=conf.get("api") or "",
-            timeout=float(conf.get("timeout_seconds") or 10.0),
-        )  # fmt: skip
-    except (ValueError, KeyError, TypeError) as e:
-        raise SlurmError(f"{ENV}: not slurmrestd's settings ({e})") from e
-
-
-def rest_settings(url: str, user: str, token_file: Path | None, token_command: Sequence[str],
-                  api: str, timeout_seconds: float) -> str:  # fmt: skip
-    """The value of ENV for these settings."""
-    return json.dumps({
-        "url": url, "user": user, "token_file": str(token_file) if token_file else "",
-        "token_command": list(token_command), "api": api, "timeout_seconds": timeout_seconds,
-    })  # fmt: skip
+        return SlurmRest.from_settings(raw, {"PATH": os.pathsep.join(path)})
+    except ValueError as e:
+        raise SlurmError(f"{ENV}: {e}") from e
 
 
 # ---- the commands -------------------------------------------------------------------------
@@ -193,7 +174,7 @@ def _update(rest: SlurmRest, settings: dict[str, str]) -> None:
 
 
 def _need(rest: SlurmRest, since: int, what: str, release: str) -> None:
-    if int(rest.api().rsplit(".", 1)[1]) < since:
+    if version(rest.api()) < since:
         raise SlurmError(
             f"slurmrestd {rest.api()} has no {what} ({release} and later have one): "
             "run this playbook where Slurm's commands are (cluster.slurm: cli)"
@@ -231,12 +212,12 @@ def _expand(expr: str) -> list[str]:
 
 # ---- scontrol's lines ---------------------------------------------------------------------
 def node_line(n: Mapping[str, Any]) -> str:
-    base, flags = node_state(n.get("state"), n.get("state_flags"))
-    # Slurm's own order of the flags (the JSON lists them in it); 22.05 gives them apart.
-    listed = [s.upper() for s in names(n.get("state")) + names(n.get("state_flags"))]
-    ordered = [s for s in listed if s in flags]
+    base, _ = node_state(n.get("state"), n.get("state_flags"))
+    # The flags in Slurm's own order, as the JSON lists them (22.05: apart from the state).
+    flags = [f for f in map(str.upper, names(n.get("state")) + names(n.get("state_flags")))
+             if f != base]  # fmt: skip
     line = f"NodeName={n.get('name', '')} Gres={n.get('gres') or '(null)'} "
-    line += f"State={'+'.join([base, *ordered])}"
+    line += f"State={'+'.join([base, *flags])}"
     reason = n.get("reason") or ""
     if reason:
         by = n.get("reason_set_by_user") or "root"
@@ -252,13 +233,11 @@ def job_line(j: Mapping[str, Any]) -> str:
     state, _ = job_state(j.get("job_state"))
     description = j.get("state_description") or ""
     reason = description.replace(" ", "_") if description else (j.get("state_reason") or "None")
-    requeue = j.get("requeue", True)
-    requeue = requeue if isinstance(requeue, bool) else bool(number(requeue))
     return " ".join([
         f"JobId={number(j.get('job_id'))}",
         f"JobState={state}",
         f"Reason={reason}",
-        f"Requeue={int(requeue)}",
+        f"Requeue={int(flag(j.get('requeue', True)))}",
         f"Restarts={number(j.get('restart_cnt')) or 0}",
         f"ExitCode={_exit_code(j.get('exit_code'))}",
         f"NodeList={j.get('nodes') or '(null)'}",

@@ -278,6 +278,11 @@ def number(raw: Any) -> int | None:
     raise ValueError(f"not a number: {raw!r}")
 
 
+def flag(raw: Any) -> bool:
+    """A yes/no field: a JSON boolean (23.02+), or a number (22.05)."""
+    return raw if isinstance(raw, bool) else bool(number(raw))
+
+
 def exit_code(raw: Any) -> int | None:
     """A job's exit code: 22.05 prints the raw wait status (the code in its high byte, a signal
     in its low bits), 23.02 and later `{"status", "return_code", "signal"}` with the return
@@ -396,7 +401,6 @@ def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -
             over = state in ENDED_STATES or base in ENDED_STATES
             held = state in HELD_STATES  # its last run's code is kept while Slurm holds it
             ended = timestamp(j.get("end_time")) if over else None
-            requeue = j.get("requeue", True)
             out.append(
                 Job(
                     id=job_id,
@@ -408,7 +412,7 @@ def read_jobs(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) -
                     nodes=expand(_text(j.get("nodes"))),
                     excluded=frozenset(expand(_text(j.get("excluded_nodes")))),
                     restarts=number(j.get("restart_cnt")) or 0,
-                    requeue=requeue if isinstance(requeue, bool) else bool(number(requeue)),
+                    requeue=flag(j.get("requeue", True)),
                     comment=_text(j.get("comment")),
                     started=timestamp(j.get("start_time")),
                     ended=ended,

@@ -149,6 +149,31 @@ class SlurmRest:
         except requests.RequestException as e:
             raise SlurmError(f"{method} {self.url + path}: {_short(e)}") from e
 
+    # ---- its settings, for a process of its own (the playbooks' commands over REST) -----------
+    def settings(self) -> str:
+        """What `from_settings` makes this client again from (JSON; no token in it)."""
+        src = self.token_source
+        return json.dumps({
+            "url": self.url, "user": self.user, "api": self._api, "timeout": self.timeout,
+            "token_file": str(src.file) if src.file else "", "token_command": list(src.command),
+        })  # fmt: skip
+
+    @classmethod
+    def from_settings(cls, text: str, token_env: Mapping[str, str] | None = None) -> SlurmRest:
+        """The client `settings` describes; ValueError when `text` is none. `token_env`: what a
+        token command runs with."""
+        try:
+            conf = json.loads(text)
+            token = Token(
+                Path(conf["token_file"]) if conf["token_file"] else None,
+                tuple(conf["token_command"]),
+                token_env,
+            )
+            return cls(conf["url"], conf["user"], token, api=conf["api"],
+                       timeout=float(conf["timeout"]))  # fmt: skip
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a slurmrestd client's settings ({e!r})") from e
+
     def api(self) -> str:
         """The API version to call: the config's, or the newest the server describes."""
         if not self._api:
@@ -190,6 +215,11 @@ class SlurmRest:
 
     def view(self) -> ClusterView:
         return self.snapshot().view()
+
+
+def version(api: str) -> int:
+    """The number of an API version: `v0.0.42` -> 42."""
+    return int(api.rsplit(".", 1)[1])
 
 
 def release_of(data: Mapping[str, Any], what: str) -> Release:

@@ -291,13 +291,12 @@ def _slurmrestd(site: Site) -> Iterator[Finding]:
         )
     else:
         yield Finding("slurm acts", "ok", said)
-    policy = site.policy
-    if policy is not None and policy.repairs.enabled and policy.repairs.reboot:
+    # What serve changes of the policy for this cluster (its reboots), said here too.
+    if site.policy is not None and (changed := site.config.cluster.fit(site.policy)[1]):
         yield Finding(
             "slurm reboots",
             "warn",
-            "the policy lets repairs reboot nodes, and slurmrestd has no reboot: serve takes "
-            "repairs.reboot as false (what a reboot would mend goes to a person)",
+            changed,
             "set repairs.reboot: false in the policy, to say so there (docs/repairs.md)",
         )
 

@@ -147,13 +147,11 @@ class Cluster(_Strict):
         env = self.slurm_env()
         if self.slurm != "rest" or self.rest is None:
             return env
-        rest = self.rest
+        reader = self.reader()
+        assert isinstance(reader, SlurmRest)
         path = env.get("PATH", os.environ.get("PATH", os.defpath))
         env["PATH"] = f"{rest_commands.command_dir()}{os.pathsep}{path}"
-        env[rest_commands.ENV] = rest_commands.rest_settings(
-            rest.url, rest.user, rest.token_file, rest.token_command, rest.api,
-            rest.timeout_seconds,
-        )  # fmt: skip
+        env[rest_commands.ENV] = reader.settings()
         return env
 
     def fit(self, policy: Policy) -> tuple[Policy, str]:
