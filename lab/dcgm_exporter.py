@@ -180,7 +180,7 @@ class NodeExporter:
 
 def main() -> None:
     cfg = LabConfig.from_env()
-    view = SlurmView(cfg)
+    view = SlurmView(cfg, with_nodes=False)
     serve_forever({cfg.dcgm_port(n): NodeExporter(cfg, n, view).render for n in cfg.nodes})
 
 

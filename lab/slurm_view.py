@@ -7,18 +7,25 @@ import threading
 import time
 
 from lab.config import LabConfig
-from webhook.adapters.slurm import SlurmCluster, SlurmError, SlurmNode, SlurmSnapshot
+from webhook.adapters.slurm import SlurmCluster, SlurmError, SlurmNode
 from webhook.core.cluster import Job
 
-CACHE_S = 0.5
+# As old as a scrape interval at most. Each read is a Slurm command in the stack's root (a
+# mount namespace of its own): the lab's exporters read no more often than Prometheus scrapes.
+CACHE_S = 1.0
 
 
 class SlurmView:
-    def __init__(self, cfg: LabConfig) -> None:
+    """The jobs, and the nodes when `with_nodes` (dcgm-exporter's job mapping needs only the
+    jobs), read at most once per CACHE_S."""
+
+    def __init__(self, cfg: LabConfig, with_nodes: bool = True) -> None:
         self.cluster = SlurmCluster(env=cfg.env())
+        self._with_nodes = with_nodes
         self._lock = threading.Lock()
         self._at = 0.0
-        self._snap: SlurmSnapshot | None = None
+        self._nodes: list[SlurmNode] = []
+        self._jobs: list[Job] = []
         self.ok = False
 
     def refresh(self) -> None:
@@ -26,7 +33,8 @@ class SlurmView:
             if time.monotonic() - self._at < CACHE_S:
                 return
             try:
-                self._snap = self.cluster.snapshot()
+                nodes = self.cluster.nodes() if self._with_nodes else []
+                self._nodes, self._jobs = nodes, self.cluster.jobs()
                 self.ok = True
             except SlurmError:
                 # slurmctld down: report what is known to fail, keep the last good view.
@@ -35,11 +43,11 @@ class SlurmView:
 
     def nodes(self) -> list[SlurmNode]:
         self.refresh()
-        return self._snap.nodes if self._snap else []
+        return self._nodes
 
     def jobs(self) -> list[Job]:
         self.refresh()
-        return self._snap.jobs if self._snap else []
+        return self._jobs
 
     def job_on(self, node: str) -> int | None:
         """The running job holding `node` (lab jobs are exclusive), or None."""

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite: lint, types, rule and config checks on every stack's
-# Prometheus, Alertmanager and mtail, the built wheels from a bare venv (scripts/wheel_check.py),
-# then the unit and service tests and each stack's lab tests (in two halves), two jobs at a time
-# (each lab test run brings up labs of its own on other ports and leaves nothing running).
+# Set up, then run the whole test suite: the checks (scripts/checks.sh: lint, types, rule and
+# config checks on every stack's Prometheus, Alertmanager and mtail, the built wheels from a bare
+# venv), the unit and service tests and each stack's lab tests (in two halves), two jobs at a
+# time (each lab test run brings up labs of its own on other ports and leaves nothing running).
 #
 # With arguments, they go to one pytest run on the default stack instead, e.g.
 # `./scripts/test.sh -m "not lab"` for the unit tests alone; SLURMEDIC_LAB_STACK picks the stack.
@@ -13,44 +13,11 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 STACKS=(${SLURMEDIC_TEST_STACKS:-trixie bookworm sid})
 
-echo "== ruff"
-ruff check .
-ruff format --check .
-echo "== mypy"
-mypy
-echo "== alert rules"
-slurmedic rules check
-for stack in "${STACKS[@]}"; do
-  run=(slurmedic lab exec "$stack")
-  echo "-- $stack: $("${run[@]}" promtool --version | head -1)"
-  "${run[@]}" promtool check rules alert_rules/*.rules.yml
-  "${run[@]}" promtool test rules alert_rules/tests/*.test.yml
-  echo "-- $stack: $("${run[@]}" amtool --version 2>&1 | head -1)"
-  "${run[@]}" amtool check-config alert_rules/alertmanager.yml
-  # slurmedic's notices on each release's routing: a job's own failure to its owner, a hardware
-  # one to the operators (tests/unit/test_signals.py holds every kind, with real notice labels).
-  for want in "job-owners cause=application" "oncall cause=gpu_hardware"; do
-    "${run[@]}" amtool config routes test --config.file=alert_rules/alertmanager.yml \
-      --verify.receivers="${want%% *}" notice=slurmedic alertname=SlurmedicEscalation \
-      slurm_user=alice "${want#* }" > /dev/null
-  done
-  # What a site deploys: the shipped files exported with a config of its own (runbooks
-  # elsewhere), whose tests pass on its rendering; the example scrape config.
-  site=$(mktemp -d)
-  sed 's|^  runbook_base: .*|  runbook_base: https://wiki.example.org/slurmedic|' alert_rules/config.yml > "$site/rules-config.yml"
-  slurmedic files export "$site/export" --rules-config "$site/rules-config.yml" > /dev/null
-  "${run[@]}" promtool test rules "$site"/export/alert_rules/tests/*.test.yml > /dev/null
-  "${run[@]}" promtool check config examples/prometheus.yml > /dev/null
-  rm -rf "$site"
-done
-echo "== ansible-lint (production profile)"
-ansible-lint --offline playbooks/ inventory/
 if [ $# -gt 0 ]; then
+  ./scripts/checks.sh
   echo "== pytest"
   exec pytest "$@"
 fi
-echo "== the wheels, installed into a bare venv outside the repo (and the reporter alone)"
-SLURMEDIC_LAB_STACK="${STACKS[0]}" python scripts/wheel_check.py
 logs="$(mktemp -d)"
 # The lab test files in two halves of about equal time: each stack's lab tests run as two jobs
 # (the first half's files, then every other lab test file), so that the jobs pack onto the two
@@ -61,9 +28,9 @@ LAB_HALF=(
   tests/lab/test_backtest.py tests/lab/test_lifecycle.py tests/lab/test_deploy.py
   tests/lab/test_shards.py tests/lab/test_rest_commands.py
 )
-# The remediation lab tests again with slurmedic reaching Slurm through slurmrestd alone
-# (SLURMEDIC_LAB_SLURM=rest), on the stack whose REST API can requeue (26.05's v0.0.45; the
-# others' limits are tests/lab/test_rest_commands.py's).
+# The lab tests of acts on Slurm (marker over_rest) again with slurmedic reaching Slurm through
+# slurmrestd alone (SLURMEDIC_LAB_SLURM=rest), on the stack whose REST API can requeue (26.05's
+# v0.0.45; the others' limits are tests/lab/test_rest_commands.py's).
 REST_STACK=sid
 REST_LAB=(tests/lab/test_remediation.py tests/lab/test_remediation_failures.py)
 # One part of a stack's lab tests (1: LAB_HALF, 2: the rest, rest: REST_LAB over REST), on its
@@ -71,15 +38,18 @@ REST_LAB=(tests/lab/test_remediation.py tests/lab/test_remediation_failures.py)
 # temporary directory. The mtail program's tests (the lab's lines and the corpus of real ones)
 # run in the first stack's unit tests, and here with the other stacks' second halves.
 lab_tests() {
-  local stack=$1 half=$2 i=$3 files=()
+  local stack=$1 half=$2 i=$3 files=() marks=lab
+  # The tests of slurmedic's own parts, not Slurm's or Prometheus' (marker one_stack), on the
+  # first stack only.
+  if [ "$stack" != "${STACKS[0]}" ]; then marks="lab and not one_stack"; fi
   case $half in
     1) files=("${LAB_HALF[@]}") ;;
     2) files=("${LAB_HALF[@]/#/--ignore=}") ;;
-    rest) files=("${REST_LAB[@]}") && export SLURMEDIC_LAB_SLURM=rest ;;
+    rest) files=("${REST_LAB[@]}") marks="lab and over_rest" && export SLURMEDIC_LAB_SLURM=rest ;;
   esac
   export SLURMEDIC_LAB_STACK="$stack" SLURMEDIC_TEST_PORT_BASE=$((27000 - 3000 * i))
   echo "== pytest: lab tests on the $stack stack, part $half"
-  pytest -p no:cacheprovider --basetemp="$logs/$stack-$half" -m lab "${files[@]}" || return 1
+  pytest -p no:cacheprovider --basetemp="$logs/$stack-$half" -m "$marks" "${files[@]}" || return 1
   if [ "$half" = 2 ] && [ "$stack" != "${STACKS[0]}" ]; then
     echo "== pytest: the mtail program on the $stack stack"
     pytest -p no:cacheprovider --basetemp="$logs/$stack-mtail" \
@@ -91,12 +61,12 @@ unit_tests() {
   SLURMEDIC_LAB_STACK="${STACKS[0]}" pytest -p no:cacheprovider -m "not lab"
 }
 # The jobs, two at a time as the machine (two cores) carries them, each next one as soon as
-# one ends: the lab jobs (about 20 min each, mostly waiting on Slurm's and Prometheus'
-# intervals) first, the unit and service tests (14 min, mostly computing) last, so that the
-# two cores finish together. Each job's output is kept in $logs/<job>.log and printed once all
-# are done, with its time.
-names=()
-commands=()
+# one ends: the checks (a few minutes) beside the first lab job, then the other lab jobs (about
+# 20 min each), the unit and service tests (14 min, mostly computing) last, so that the two
+# cores finish together. Each job's output is kept in $logs/<job>.log and printed once all are
+# done, with its time.
+names=(checks)
+commands=("./scripts/checks.sh wheels")
 i=0
 for stack in "${STACKS[@]}"; do
   halves=(1 2)

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "tests" / "scenarios" / "attr-gpu-hw-double-bit-ecc.yaml"
 PAYLOAD = REPO / "tests" / "data" / "alertmanager" / "real-payload-firing.json"
-LAB_PORT_BASE = "26000"
+LAB_PORT_BASE = "30000"  # above the lab test jobs' ports (scripts/test.sh), which it runs beside
 TOKEN = "wheel-check-token"  # noqa: S105 - the throwaway server's token, not a secret
 
 

@@ -29,7 +29,7 @@ from tests.lab.test_remediation import decided, healthy_after, mapped, restore
 from webhook.ledger import review
 from webhook.ledger.store import Ledger, last_dry_run
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.one_stack]
 __all__ = ["healthy_after"]  # the autouse fixture: each test leaves a healthy cluster
 CHROMIUM = "/usr/bin/chromium"
 

@@ -37,7 +37,7 @@ from tests.lab.replicas import (
 )
 from tests.lab.test_remediation import checkpointed_job
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.one_stack]
 
 
 @pytest.fixture

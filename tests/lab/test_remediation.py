@@ -147,6 +147,7 @@ def xid_79_under_a_seen_job(cfg: LabConfig, submit: Callable[..., int]) -> tuple
     return job, nodes[1]
 
 
+@pytest.mark.over_rest
 def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
@@ -419,6 +420,7 @@ def test_every_dashboard_query_answers_after_a_recovery(
         raise AssertionError("panels without data:\n" + "\n".join(empty())) from None
 
 
+@pytest.mark.over_rest
 def test_enforce_stops_an_application_failure_and_drains_nothing(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
@@ -464,6 +466,7 @@ def held(cfg: LabConfig, job: int) -> dict[str, str]:
     return eventually(found, what=f"job {job} requeued and held by Slurm")
 
 
+@pytest.mark.over_rest
 def test_a_job_slurm_holds_after_a_hardware_failure_is_released_away_from_the_node(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
@@ -606,6 +609,7 @@ def test_the_global_switch_sends_enforce_back_to_dry_runs_at_once(
         assert cli(lab_cfg, "switch", "policy").returncode == 0
 
 
+@pytest.mark.over_rest
 def test_resume_returns_only_nodes_slurmedic_drained(lab_cfg: LabConfig, enforce: Ledger) -> None:
     slurm(
         lab_cfg,

@@ -51,6 +51,7 @@ def pair(lab_cfg: LabConfig, tmp_path: Path) -> Iterator[Replicas]:
         yield r
 
 
+@pytest.mark.one_stack
 def test_two_replicas_carry_out_each_action_once(
     lab_cfg: LabConfig, pair: Replicas, submit: Callable[..., int]
 ) -> None:
@@ -76,6 +77,7 @@ def test_two_replicas_carry_out_each_action_once(
     restarted_once(lab_cfg, job, nodes[1])
 
 
+@pytest.mark.one_stack
 def test_a_follower_takes_over_a_killed_leader_and_finishes_its_run_once(
     lab_cfg: LabConfig, pair: Replicas, submit: Callable[..., int]
 ) -> None:
@@ -109,6 +111,7 @@ def test_a_follower_takes_over_a_killed_leader_and_finishes_its_run_once(
     assert pair.readyz(leader)["leader"] == follower and not pair.readyz(leader)["leading"]
 
 
+@pytest.mark.one_stack
 def test_a_leader_paused_past_its_lease_claims_nothing_when_it_wakes(
     lab_cfg: LabConfig, pair: Replicas, submit: Callable[..., int]
 ) -> None:
@@ -231,6 +234,7 @@ def test_a_leader_paused_before_its_drain_does_not_drain_again_a_node_a_person_r
     assert slurm_actions(lab_cfg, job, bad)[1] == 1, job_story(lab_cfg, job)
 
 
+@pytest.mark.one_stack
 def test_lab_postgres_gives_a_database_replicas_can_share(lab_cfg: LabConfig) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "webhook.cli", "lab", "postgres", "--database", "from_the_cli"],

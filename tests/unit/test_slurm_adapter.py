@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from webhook.adapters import slurm as slurm_adapter
 from webhook.adapters.slurm import (
     Release,
     SlurmCluster,
@@ -277,6 +278,26 @@ def test_release_parsing() -> None:
     assert Release.parse("slurm 22.05.8") < Release(23, 2) <= Release.parse("slurm 23.02.0")
     with pytest.raises(SlurmError, match="no Slurm release"):
         Release.parse("command not found")
+
+
+def test_the_topology_is_read_again_once_a_minute_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop reads the cluster every few seconds; the topology changes only on a
+    reconfigure: one `scontrol show topology` per TOPOLOGY_S, nodes and jobs every time."""
+    clock = [1000.0]
+    monkeypatch.setattr(slurm_adapter.time, "monotonic", lambda: clock[0])
+    cluster = SlurmCluster(env=fake_slurm(tmp_path, RELEASES[-1]))
+    first = cluster.snapshot()
+    clock[0] += slurm_adapter.TOPOLOGY_S - 1
+    assert cluster.snapshot().switches == first.switches != {}
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert calls.count("scontrol show topology") == 1
+    assert calls.count("scontrol show jobs --json") == 2
+    clock[0] += 1
+    cluster.snapshot()
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert calls.count("scontrol show topology") == 2
 
 
 def test_topology_leaves() -> None:

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,6 +41,7 @@ from webhook.core.cluster import (
 )
 
 TIMEOUT_S = 10.0
+TOPOLOGY_S = 60.0  # how long a read of the topology holds (SlurmCluster.switches)
 # scontrol's --json arrived in 23.02.
 SCONTROL_JSON_SINCE = (23, 2)
 
@@ -163,6 +165,7 @@ class SlurmCluster:
         if slurm_conf is not None:
             self.env["SLURM_CONF"] = str(slurm_conf)
         self._release: Release | None = None
+        self._switches: tuple[float, dict[str, tuple[str, ...]]] | None = None
 
     def _run(self, *argv: str) -> str:
         # Slurm's clients do not say at once that their config is missing: some look for a
@@ -185,26 +188,45 @@ class SlurmCluster:
             raise SlurmError(f"`{' '.join(argv)}` of Slurm {release}: {what}")
         return data
 
-    def snapshot(self) -> SlurmSnapshot:
-        release = self.release()
-        node_cmd: tuple[str, ...]
-        job_cmd: tuple[str, ...]
-        if release.scontrol_json:
-            node_cmd = ("scontrol", "show", "nodes", "--json")
-            job_cmd = ("scontrol", "show", "jobs", "--json")
-        else:
-            node_cmd = ("sinfo", "--json")
-            # Ended jobs too (while slurmctld remembers them): an alert may arrive after
-            # Slurm already ended the job it concerns.
-            job_cmd = ("squeue", "--json", "--states=all")
+    def _read(self, release: Release, cmd: tuple[str, ...]) -> dict[str, Any]:
         try:
-            nodes = read_nodes(self._json(release, *node_cmd), release, node_cmd)
-            jobs = read_jobs(self._json(release, *job_cmd), release, job_cmd)
+            return self._json(release, *cmd)
         except SlurmError:
             self._release = None  # upgraded in place? read the release again next time
             raise
-        switches = parse_topology(self._run("scontrol", "show", "topology"))
-        return SlurmSnapshot(release, nodes, jobs, switches)
+
+    def nodes(self) -> list[SlurmNode]:
+        release = self.release()
+        cmd = (
+            ("scontrol", "show", "nodes", "--json")
+            if release.scontrol_json
+            else ("sinfo", "--json")
+        )
+        return read_nodes(self._read(release, cmd), release, cmd)
+
+    def jobs(self) -> list[Job]:
+        release = self.release()
+        # Ended jobs too (while slurmctld remembers them): an alert may arrive after Slurm
+        # already ended the job it concerns.
+        cmd = (
+            ("scontrol", "show", "jobs", "--json")
+            if release.scontrol_json
+            else ("squeue", "--json", "--states=all")
+        )
+        return read_jobs(self._read(release, cmd), release, cmd)
+
+    def switches(self) -> dict[str, tuple[str, ...]]:
+        """The leaf switches, read again once TOPOLOGY_S old: the topology changes only when
+        its file is edited and Slurm reconfigured, and the loop reads the cluster every few
+        seconds."""
+        now = time.monotonic()
+        if self._switches is None or now - self._switches[0] >= TOPOLOGY_S:
+            self._switches = (now, parse_topology(self._run("scontrol", "show", "topology")))
+        return self._switches[1]
+
+    def snapshot(self) -> SlurmSnapshot:
+        nodes, jobs = self.nodes(), self.jobs()
+        return SlurmSnapshot(self.release(), nodes, jobs, self.switches())
 
     def view(self) -> ClusterView:
         return self.snapshot().view()
