@@ -92,6 +92,24 @@ def test_cluster_show_over_slurmrestd_is_what_the_commands_show(
     assert job in {j["id"] for j in cli["jobs"]}
 
 
+def test_a_slinky_pod_s_kubernetes_node_is_read_from_its_node_comment_both_ways(
+    lab_cfg: LabConfig, tmp_path: Path
+) -> None:
+    """Slinky's operator writes each slurmd pod's place into its Slurm node's comment; the view
+    reads the Kubernetes node from it on every release, through the commands and through
+    slurmrestd alike (docs/slinky.md)."""
+    info = {"namespace": "slurm", "podName": "gpu03", "node": "k8s-gpu-7", "nodeSetName": "gpu"}
+    slurm(lab_cfg, "scontrol", "update", "nodename=gpu03", f"comment={json.dumps(info)}")
+    try:
+        rest = rest_config(lab_cfg, tmp_path / "rest.yml")
+        for config in (None, rest):
+            hosts = {n["name"]: n["host"] for n in cluster_show(lab_cfg, config)["nodes"]}
+            assert hosts["gpu03"] == "k8s-gpu-7", (config, hosts)
+            assert {h for n, h in hosts.items() if n != "gpu03"} == {""}, (config, hosts)
+    finally:
+        slurm(lab_cfg, "scontrol", "update", "nodename=gpu03", "comment=")
+
+
 def test_slurmrestd_s_refusal_is_one_line_naming_the_url(
     lab_cfg: LabConfig, tmp_path: Path
 ) -> None:
@@ -140,6 +158,7 @@ def test_cluster_show_is_what_slurm_says(
         "partitions": [lab_cfg.partition_of(idle)],
         "reason": "xid 79 gpu 3",
         "switch": "leaf1" if idle <= "gpu04" else "leaf2",
+        "host": "",
     }
     assert {by_name[n]["state"] for n in nodes} == {"allocated"}
     jobs = {j["id"]: j for j in view["jobs"]}

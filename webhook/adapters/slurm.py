@@ -30,6 +30,7 @@ from typing import Any
 
 import hostlist
 
+from webhook.adapters.slinky import pod_host
 from webhook.core.cluster import (
     ENDED_STATES,
     HELD_STATES,
@@ -105,6 +106,8 @@ class SlurmNode:
     reason_set_at: datetime | None = None
     gres: str = ""
     gres_used: str = ""
+    # The machine it runs on when that is not its own name: on Slinky, its pod's Kubernetes node.
+    host: str = ""
 
     @property
     def gpus(self) -> int:
@@ -402,6 +405,7 @@ def read_nodes(data: Mapping[str, Any], release: Release, cmd: tuple[str, ...]) 
                     reason_set_at=timestamp(n.get("reason_changed_at")),
                     gres=_text(n.get("gres")),
                     gres_used=_text(n.get("gres_used")),
+                    host=pod_host(_text(n.get("comment"))),
                 )
             )
         except ValueError as e:
@@ -487,6 +491,7 @@ def build_view(snap: SlurmSnapshot) -> ClusterView:
             status=n.state_long,
             gpus=n.gpus,
             rebooting=bool(n.flags & REBOOTING),
+            host=n.host,
         )
     for j in snap.jobs:
         view.set_job(j)

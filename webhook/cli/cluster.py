@@ -54,6 +54,7 @@ def as_json(snap: SlurmSnapshot, view: ClusterView) -> dict[str, Any]:
                 "partitions": list(n.partitions),
                 "reason": n.reason,
                 "switch": n.switch,
+                "host": n.host,
             }
             for n in sorted(view.nodes.values(), key=lambda n: n.name)
         ],

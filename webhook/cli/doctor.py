@@ -22,6 +22,7 @@ import requests
 
 from webhook.adapters import rest_commands
 from webhook.adapters.prometheus import Prometheus, PrometheusError
+from webhook.adapters.slinky import OPERATOR_REASON
 from webhook.adapters.slurm import SlurmCluster, SlurmError, SlurmSnapshot
 from webhook.adapters.slurmrest import SlurmRest
 from webhook.cli.common import config_option
@@ -334,6 +335,54 @@ def _reboots(site: Site, cluster: SlurmCluster) -> Iterator[Finding]:
         )
 
 
+def _slinky(site: Site) -> Iterator[Finding]:
+    """Slurm on Kubernetes (Slinky's slurm-operator, docs/slinky.md): its slurmd pods, the
+    Kubernetes nodes they run on, the operator's own drains, and the repairs slurmedic leaves
+    to Kubernetes."""
+    if site.config is None or site.slurm is None:
+        return
+    pods = [n for n in site.slurm.nodes if n.host and n.host != n.name]
+    if not pods:
+        return
+    view = site.slurm.view()
+    shared = len({n.host for n in pods}) - len(view.hosts)
+    said = (
+        f"{len(pods):,} of {len(site.slurm.nodes):,} nodes are Slinky's slurmd pods on "
+        f"{len({n.host for n in pods}):,} Kubernetes nodes: an alert naming a Kubernetes node "
+        "is about its pod's Slurm node"
+    )
+    if shared:
+        yield Finding(
+            "slinky",
+            "warn",
+            f"{said}, but {shared:,} Kubernetes node(s) run several: their alerts name no node",
+            "run one slurmd pod per GPU node (docs/slinky.md)",
+        )
+    else:
+        yield Finding("slinky", "ok", said)
+    operator = [n.name for n in site.slurm.nodes if n.reason.startswith(OPERATOR_REASON)]
+    if operator:
+        yield Finding(
+            "slinky drains",
+            "ok",
+            f"{len(operator):,} node(s) drained by the operator ({OPERATOR_REASON}): slurmedic "
+            "leaves them to it",
+        )
+    policy = site.policy
+    if (
+        policy is not None
+        and policy.repairs.enabled
+        and site.config.cluster.fit(policy)[0].repairs.reboot
+    ):
+        yield Finding(
+            "slurm reboots",
+            "warn",
+            "on Slinky a node's reboot is its pod's or its Kubernetes node's, not Slurm's "
+            "RebootProgram",
+            "set repairs.reboot: false in the policy (docs/slinky.md)",
+        )
+
+
 def _executor(site: Site) -> Iterator[Finding]:
     assert site.config is not None
     if not site.config.executor.enabled:
@@ -374,6 +423,7 @@ def _prometheus(site: Site) -> Iterator[Finding]:
         yield Finding("host names", "skip", "needs Slurm's nodes and a valid policy")
         return
     nodes = {n.name for n in site.slurm.nodes}
+    machines = site.slurm.view().hosts
     for source, expr in HOST_SOURCES.items():
         try:
             series = prom.query(expr)
@@ -389,7 +439,7 @@ def _prometheus(site: Site) -> Iterator[Finding]:
                 "scrape it (docs/deploy.md, 'Prometheus')",
             )
             continue
-        found = check_hosts(hosts, nodes, site.policy.node_names)
+        found = check_hosts(hosts, nodes, site.policy.node_names, machines)
         status: Status = "fail" if found.unmatched else "ok"
         yield Finding(f"hosts: {source}", status, found.summary())
 
@@ -422,6 +472,7 @@ CHECKS: tuple[tuple[str, Check, tuple[str, ...]], ...] = (
     ("rules config", _rules, ()),
     ("ledger", _ledger, ("config",)),
     ("slurm", _slurm, ("config",)),
+    ("slinky", _slinky, ()),  # only where Slurm was read (site.slurm)
     ("executor", _executor, ("config",)),
     ("prometheus", _prometheus, ("config",)),
     ("alertmanager", _alertmanager, ("config",)),

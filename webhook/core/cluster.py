@@ -77,6 +77,9 @@ class Node:
     gpus: int = 0
     # Slurm holds a reboot of it (asked for, or under way): it has not registered since.
     rebooting: bool = False
+    # The machine it runs on when that is not its own name (Slinky: its slurmd pod's Kubernetes
+    # node); alerts that name that machine are about this node (ClusterView.hosts).
+    host: str = ""
 
     @property
     def partitions(self) -> tuple[str, ...]:
@@ -193,6 +196,23 @@ class ClusterView:
     jobs: dict[int, Job] = field(default_factory=dict)
     switches: dict[str, tuple[str, ...]] = field(default_factory=dict)
     _by_node: dict[str, list[Job]] | None = field(default=None, repr=False, compare=False)
+    _by_host: tuple[int, dict[str, str]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def hosts(self) -> dict[str, str]:
+        """The node on each machine that holds exactly one (Node.host): a machine with two
+        Slurm nodes on it names neither, as an alert about its GPUs cannot say which. Made
+        again when nodes are added."""
+        if self._by_host is None or self._by_host[0] != len(self.nodes):
+            on: dict[str, list[str]] = {}
+            for n in self.nodes.values():
+                if n.host and n.host != n.name:
+                    on.setdefault(n.host, []).append(n.name)
+            self._by_host = (
+                len(self.nodes),
+                {host: names[0] for host, names in on.items() if len(names) == 1},
+            )
+        return self._by_host[1]
 
     def set_job(self, job: Job) -> None:
         self.jobs[job.id] = job

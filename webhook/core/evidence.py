@@ -145,7 +145,7 @@ def from_alert(
     if signal not in SIGNALS:
         problems.append(f"signal {signal!r} is not in the vocabulary" if signal else "no signal")
     raw_node = node_label(labels)
-    found = names.resolve(raw_node, view.nodes) if raw_node is not None else None
+    found = names.resolve(raw_node, view.nodes, view.hosts) if raw_node is not None else None
     node = found if found is not None and view.valid_node(found) else None
     unmatched = raw_node[:80] if raw_node is not None and node is None else None
     if unmatched is not None:

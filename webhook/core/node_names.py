@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
+NO_HOSTS: Mapping[str, str] = {}  # no node runs on a machine of another name
 # `\1`, `\g<1>`, `\g<name>`: the group references re's templates take.
 _GROUP_REF = re.compile(r"\\(?:g<([^>]*)>|([0-9]{1,2}))")
 
@@ -76,13 +77,18 @@ class NodeNames(BaseModel):
                 return rewritten
         return name
 
-    def resolve(self, host: str, nodes: Container[str]) -> str | None:
-        """The node of the cluster `host` names: itself, else its mapped name; None when
-        neither is a node."""
+    def resolve(
+        self, host: str, nodes: Container[str], hosts: Mapping[str, str] = NO_HOSTS
+    ) -> str | None:
+        """The node of the cluster `host` names: itself, else its mapped name, else the node
+        that runs on that machine (`hosts`, ClusterView.hosts: a Slinky pod's Kubernetes
+        node); None when none is a node."""
         if host in nodes:
             return host
         name = self.candidate(host)
-        return name if name in nodes else None
+        if name in nodes:
+            return name
+        return hosts.get(host) or hosts.get(name)
 
     def hint(self, host: str, nodes: Container[str]) -> str:
         """What would make `host` match a node, when a simple setting would ('' otherwise)."""
@@ -129,10 +135,16 @@ class HostCheck:
         return f"{text}: {self.hint}" if self.hint else text
 
 
-def check_hosts(hosts: Iterable[str], nodes: Container[str], names: NodeNames) -> HostCheck:
-    """Whether alerts from these hosts would name nodes of the cluster (`slurmedic doctor`)."""
+def check_hosts(
+    hosts: Iterable[str],
+    nodes: Container[str],
+    names: NodeNames,
+    machines: Mapping[str, str] = NO_HOSTS,
+) -> HostCheck:
+    """Whether alerts from these hosts would name nodes of the cluster (`slurmedic doctor`);
+    `machines`: the node on each machine of another name (ClusterView.hosts)."""
     seen = sorted(set(hosts))
-    unmatched = tuple(h for h in seen if names.resolve(h, nodes) is None)
+    unmatched = tuple(h for h in seen if names.resolve(h, nodes, machines) is None)
     hinted = [h for h in unmatched if names.hint(h, nodes)]
     hint = ""
     if hinted and len(hinted) * 2 >= len(unmatched):
