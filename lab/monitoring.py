@@ -1,8 +1,9 @@
 """Prometheus, Alertmanager, Pushgateway, mtail and the two fake exporters, on loopback.
 
-The lab scrapes and evaluates every second (production: 15-30 s) so that a test sees a fault
-as an alert within seconds. Rules come straight from slurmedic's `alert_rules/`, so the lab
-always runs what operators would deploy, with the lab profile's short durations.
+The lab scrapes every second and evaluates every two (production: 15-30 s and a minute) so that
+a test sees a fault as an alert within seconds. Rules come straight from slurmedic's
+`alert_rules/`, so the lab always runs what operators would deploy, with the lab profile's short
+durations.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _prometheus_base(
         "global": {
             "scrape_interval": cfg.scrape_interval,
             "scrape_timeout": cfg.scrape_interval,
-            "evaluation_interval": cfg.scrape_interval,
+            "evaluation_interval": cfg.evaluation_interval,
             "external_labels": {"cluster": "slurmedic-lab", **labels},
         },
         "rule_files": [str(cfg.run_dir / rules / "*.rules.yml")],

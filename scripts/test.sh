@@ -28,9 +28,10 @@ LAB_HALF=(
   tests/lab/test_backtest.py tests/lab/test_lifecycle.py tests/lab/test_deploy.py
   tests/lab/test_shards.py tests/lab/test_rest_commands.py
 )
-# The lab tests of acts on Slurm (marker over_rest) again with slurmedic reaching Slurm through
-# slurmrestd alone (SLURMEDIC_LAB_SLURM=rest), on the stack whose REST API can requeue (26.05's
-# v0.0.45; the others' limits are tests/lab/test_rest_commands.py's).
+# The remediation lab tests again with slurmedic reaching Slurm through slurmrestd alone
+# (SLURMEDIC_LAB_SLURM=rest), on the stack whose REST API can requeue (26.05's v0.0.45; the
+# others' limits are tests/lab/test_rest_commands.py's): those of what Slurm does (not marked
+# one_stack).
 REST_STACK=sid
 REST_LAB=(tests/lab/test_remediation.py tests/lab/test_remediation_failures.py)
 # One part of a stack's lab tests (1: LAB_HALF, 2: the rest, rest: REST_LAB over REST), on its
@@ -39,13 +40,13 @@ REST_LAB=(tests/lab/test_remediation.py tests/lab/test_remediation_failures.py)
 # run in the first stack's unit tests, and here with the other stacks' second halves.
 lab_tests() {
   local stack=$1 half=$2 i=$3 files=() marks=lab
-  # The tests of slurmedic's own parts, not Slurm's or Prometheus' (marker one_stack), on the
-  # first stack only.
+  # The tests of slurmedic's own workings, not of what Slurm or Prometheus do (marker
+  # one_stack), on the first stack only.
   if [ "$stack" != "${STACKS[0]}" ]; then marks="lab and not one_stack"; fi
   case $half in
     1) files=("${LAB_HALF[@]}") ;;
     2) files=("${LAB_HALF[@]/#/--ignore=}") ;;
-    rest) files=("${REST_LAB[@]}") marks="lab and over_rest" && export SLURMEDIC_LAB_SLURM=rest ;;
+    rest) files=("${REST_LAB[@]}") marks="lab and not one_stack" && export SLURMEDIC_LAB_SLURM=rest ;;
   esac
   export SLURMEDIC_LAB_STACK="$stack" SLURMEDIC_TEST_PORT_BASE=$((27000 - 3000 * i))
   echo "== pytest: lab tests on the $stack stack, part $half"

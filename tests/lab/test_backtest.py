@@ -40,6 +40,7 @@ from tests.lab.conftest import (
 )
 from tests.lab.test_console_browser import page, shot
 from tests.lab.test_remediation import healthy_after, mapped, restore
+from webhook.core import durations
 from webhook.ledger.store import Ledger
 
 pytestmark = pytest.mark.lab
@@ -77,10 +78,12 @@ def firing(cfg: LabConfig, alertname: str, node: str) -> bool:
 
 
 def fired_for(cfg: LabConfig, alertname: str, node: str) -> float:
-    """How many evaluations the alert has fired for (the lab evaluates every second)."""
+    """About how long (seconds) the alert has fired: its evaluations firing, times the lab's
+    evaluation interval."""
     sel = f'alertname="{alertname}",alertstate="firing",node="{node}"'
     r = query(cfg, f"max(count_over_time(ALERTS{{{sel}}}[5m]))")
-    return float(r[0]["value"]) if r else 0.0
+    every = durations.parse(cfg.evaluation_interval).total_seconds()
+    return float(r[0]["value"]) * every if r else 0.0
 
 
 def slurmedic_backtest(
@@ -178,7 +181,7 @@ def test_the_backtest_reports_each_fault_and_each_thing_people_did(
     eventually(lambda: firing(cfg, "GpuXidNodeFault", bad), timeout=60, what="the XID alert")
     eventually(lambda: sacct_state(cfg, a) == "FAILED", timeout=60, what="A failed")
     # The person comes to it later than slurmedic's settle window (5 s) would have: the alert
-    # has fired for 15 evaluations (15 s) when they act.
+    # has fired for 15 s when they act.
     eventually(
         lambda: fired_for(cfg, "GpuXidNodeFault", bad) >= 15, timeout=60, what="a late person"
     )

@@ -147,7 +147,6 @@ def xid_79_under_a_seen_job(cfg: LabConfig, submit: Callable[..., int]) -> tuple
     return job, nodes[1]
 
 
-@pytest.mark.over_rest
 def test_enforce_drains_requeues_and_the_job_resumes_elsewhere(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
@@ -266,6 +265,7 @@ def spoiled_recovery(
     return judged
 
 
+@pytest.mark.one_stack
 def test_a_resume_from_an_older_checkpoint_is_recovered_with_the_work_it_lost(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
@@ -337,6 +337,7 @@ def test_a_drill_interrupts_a_job_and_passes_when_it_resumes_from_its_last_check
     )
 
 
+@pytest.mark.one_stack
 def test_a_drill_fails_when_the_job_resumes_from_a_corrupt_checkpoint(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
@@ -420,7 +421,6 @@ def test_every_dashboard_query_answers_after_a_recovery(
         raise AssertionError("panels without data:\n" + "\n".join(empty())) from None
 
 
-@pytest.mark.over_rest
 def test_enforce_stops_an_application_failure_and_drains_nothing(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
@@ -466,7 +466,6 @@ def held(cfg: LabConfig, job: int) -> dict[str, str]:
     return eventually(found, what=f"job {job} requeued and held by Slurm")
 
 
-@pytest.mark.over_rest
 def test_a_job_slurm_holds_after_a_hardware_failure_is_released_away_from_the_node(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
@@ -500,6 +499,7 @@ def cli(cfg: LabConfig, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.one_stack
 def test_approve_mode_waits_for_a_human(
     lab_cfg: LabConfig,
     enforce: Ledger,
@@ -552,6 +552,7 @@ def test_approve_mode_waits_for_a_human(
     assert again.returncode == 1 and "not awaiting_approval" in again.stderr
 
 
+@pytest.mark.one_stack
 def test_an_escalation_in_approve_mode_reaches_people_without_an_approval(
     lab_cfg: LabConfig,
     enforce: Ledger,
@@ -579,6 +580,7 @@ def test_an_escalation_in_approve_mode_reaches_people_without_an_approval(
     assert not [r for r in rows.values() if f"\n{r.id} {r.action}: would run" in queue]
 
 
+@pytest.mark.one_stack
 def test_the_global_switch_sends_enforce_back_to_dry_runs_at_once(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int], tmp_path: Path
 ) -> None:
@@ -609,7 +611,6 @@ def test_the_global_switch_sends_enforce_back_to_dry_runs_at_once(
         assert cli(lab_cfg, "switch", "policy").returncode == 0
 
 
-@pytest.mark.over_rest
 def test_resume_returns_only_nodes_slurmedic_drained(lab_cfg: LabConfig, enforce: Ledger) -> None:
     slurm(
         lab_cfg,
@@ -645,6 +646,7 @@ def test_resume_returns_only_nodes_slurmedic_drained(lab_cfg: LabConfig, enforce
         slurm(lab_cfg, "scontrol", "update", "nodename=gpu08", "state=resume", check=False)
 
 
+@pytest.mark.one_stack
 def test_kill_9_while_a_playbook_runs_is_reconciled_and_never_runs_twice(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int], tmp_path: Path
 ) -> None:

@@ -99,7 +99,6 @@ def killed_and_decided(
     return job, bad, rows
 
 
-@pytest.mark.over_rest
 def test_a_node_that_stops_answering_is_drained_and_the_job_requeued_without_it(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
@@ -120,7 +119,6 @@ def test_a_node_that_stops_answering_is_drained_and_the_job_requeued_without_it(
     stays_drained(lab_cfg, bad)
 
 
-@pytest.mark.over_rest
 def test_a_job_slurm_requeues_itself_when_its_node_dies_is_requeued_once(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
@@ -214,6 +212,7 @@ def test_the_silent_node_of_an_nccl_hang_is_drained_and_the_job_requeued(
     )
 
 
+@pytest.mark.one_stack
 def test_a_successor_that_crashes_before_its_first_checkpoint_is_a_failed_recovery(
     lab_cfg: LabConfig, enforce: Ledger, submit: Callable[..., int]
 ) -> None:
@@ -286,7 +285,6 @@ def test_a_successor_that_crashes_before_its_first_checkpoint_is_a_failed_recove
     )
 
 
-@pytest.mark.over_rest
 def test_a_drain_rides_out_a_controller_that_is_briefly_away(
     lab_cfg: LabConfig, tmp_path: Path
 ) -> None:
@@ -359,7 +357,6 @@ def test_a_drain_rides_out_a_controller_that_is_briefly_away(
     slurm(lab_cfg, "scontrol", "update", f"nodename={node}", "state=resume")
 
 
-@pytest.mark.over_rest
 def test_the_requeue_playbook_refuses_a_job_cancelled_since_the_decision(
     lab_cfg: LabConfig, submit: Callable[..., int]
 ) -> None:
@@ -386,7 +383,6 @@ def test_the_requeue_playbook_refuses_a_job_cancelled_since_the_decision(
     assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0")
 
 
-@pytest.mark.over_rest
 def test_a_requeue_readmits_what_an_earlier_one_excluded_and_keeps_the_owner_s_exclusion(
     lab_cfg: LabConfig, submit: Callable[..., int]
 ) -> None:
