@@ -62,17 +62,15 @@ unit_tests() {
   SLURMEDIC_LAB_STACK="${STACKS[0]}" pytest -p no:cacheprovider -m "not lab"
 }
 # The jobs, two at a time as the machine (two cores) carries them, each next one as soon as
-# one ends: the checks (a few minutes) beside the first lab job, then the other lab jobs (about
-# 20 min each), the unit and service tests (14 min, mostly computing) last, so that the two
-# cores finish together. Each job's output is kept in $logs/<job>.log and printed once all are
-# done, with its time.
+# one ends: the checks (a few minutes) beside the first lab job, then the other lab jobs (15 to
+# 20 min each), the unit and service tests (14 min, mostly computing), and the shortest, the
+# run over slurmrestd, last, so that the two cores finish together. Each job's output is kept
+# in $logs/<job>.log and printed once all are done, with its time.
 names=(checks)
 commands=("./scripts/checks.sh wheels")
 i=0
 for stack in "${STACKS[@]}"; do
-  halves=(1 2)
-  if [ "$stack" = "$REST_STACK" ]; then halves+=(rest); fi
-  for half in "${halves[@]}"; do
+  for half in 1 2; do
     names+=("$stack-$half")
     commands+=("lab_tests $stack $half $i")
     i=$((i + 1))
@@ -80,6 +78,12 @@ for stack in "${STACKS[@]}"; do
 done
 names+=(unit)
 commands+=(unit_tests)
+for stack in "${STACKS[@]}"; do
+  if [ "$stack" = "$REST_STACK" ]; then
+    names+=("$stack-rest")
+    commands+=("lab_tests $stack rest $i")
+  fi
+done
 run_job() {
   local name=$1 started=$SECONDS rc=0
   shift
