@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
-STACKS=(${SLURMEDIC_TEST_STACKS:-trixie bookworm sid})
+STACKS=(${SLURMEDIC_TEST_STACKS:?"the stacks to check: run scripts/test.sh, or set SLURMEDIC_TEST_STACKS"})
 
 echo "== ruff"
 ruff check .

@@ -11,7 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
-STACKS=(${SLURMEDIC_TEST_STACKS:-trixie bookworm sid})
+# The stacks a full run tests (scripts/checks.sh reads them too).
+export SLURMEDIC_TEST_STACKS="${SLURMEDIC_TEST_STACKS:-trixie bookworm sid}"
+STACKS=($SLURMEDIC_TEST_STACKS)
 
 if [ $# -gt 0 ]; then
   ./scripts/checks.sh

@@ -304,8 +304,18 @@ def _slurmrestd(site: Site) -> Iterator[Finding]:
 
 def _reboots(site: Site, cluster: SlurmCluster) -> Iterator[Finding]:
     """What the repairs' reboots need of Slurm (docs/repairs.md): a RebootProgram, and a
-    ReturnToService that keeps a node rebooted with nextstate=DOWN down until its check."""
-    if site.policy is not None and not site.policy.repairs.enabled:
+    ReturnToService that keeps a node rebooted with nextstate=DOWN down until its check; none
+    on Slinky, whose nodes Kubernetes reboots (docs/slinky.md)."""
+    if site.policy is not None and not (site.policy.repairs.enabled and site.policy.repairs.reboot):
+        return
+    if site.slurm is not None and any(n.hosted for n in site.slurm.view().nodes.values()):
+        yield Finding(
+            "slurm reboots",
+            "warn",
+            "on Slinky a node's reboot is its pod's or its Kubernetes node's, not Slurm's "
+            "RebootProgram",
+            "set repairs.reboot: false in the policy (docs/slinky.md)",
+        )
         return
     try:
         conf = cluster.settings()
@@ -337,21 +347,19 @@ def _reboots(site: Site, cluster: SlurmCluster) -> Iterator[Finding]:
 
 def _slinky(site: Site) -> Iterator[Finding]:
     """Slurm on Kubernetes (Slinky's slurm-operator, docs/slinky.md): its slurmd pods, the
-    Kubernetes nodes they run on, the operator's own drains, and the repairs slurmedic leaves
-    to Kubernetes."""
-    if site.config is None or site.slurm is None:
-        return
-    pods = [n for n in site.slurm.nodes if n.host and n.host != n.name]
-    if not pods:
+    Kubernetes nodes they run on, and the operator's own drains."""
+    if site.slurm is None:
         return
     view = site.slurm.view()
-    shared = len({n.host for n in pods}) - len(view.hosts)
+    pods = [n for n in view.nodes.values() if n.hosted]
+    if not pods:
+        return
+    machines = len({n.host for n in pods})
     said = (
-        f"{len(pods):,} of {len(site.slurm.nodes):,} nodes are Slinky's slurmd pods on "
-        f"{len({n.host for n in pods}):,} Kubernetes nodes: an alert naming a Kubernetes node "
-        "is about its pod's Slurm node"
+        f"{len(pods):,} of {len(view.nodes):,} nodes are Slinky's slurmd pods on {machines:,} "
+        "Kubernetes nodes: an alert naming a Kubernetes node is about its pod's Slurm node"
     )
-    if shared:
+    if shared := machines - len(view.hosts):
         yield Finding(
             "slinky",
             "warn",
@@ -360,26 +368,13 @@ def _slinky(site: Site) -> Iterator[Finding]:
         )
     else:
         yield Finding("slinky", "ok", said)
-    operator = [n.name for n in site.slurm.nodes if n.reason.startswith(OPERATOR_REASON)]
+    operator = [n.name for n in view.nodes.values() if n.reason.startswith(OPERATOR_REASON)]
     if operator:
         yield Finding(
             "slinky drains",
             "ok",
             f"{len(operator):,} node(s) drained by the operator ({OPERATOR_REASON}): slurmedic "
             "leaves them to it",
-        )
-    policy = site.policy
-    if (
-        policy is not None
-        and policy.repairs.enabled
-        and site.config.cluster.fit(policy)[0].repairs.reboot
-    ):
-        yield Finding(
-            "slurm reboots",
-            "warn",
-            "on Slinky a node's reboot is its pod's or its Kubernetes node's, not Slurm's "
-            "RebootProgram",
-            "set repairs.reboot: false in the policy (docs/slinky.md)",
         )
 
 

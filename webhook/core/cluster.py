@@ -82,6 +82,11 @@ class Node:
     host: str = ""
 
     @property
+    def hosted(self) -> bool:
+        """It runs on a machine of another name (`host`): a Slinky pod."""
+        return bool(self.host) and self.host != self.name
+
+    @property
     def partitions(self) -> tuple[str, ...]:
         return (self.partition, *self.other_partitions)
 
@@ -206,7 +211,7 @@ class ClusterView:
         if self._by_host is None or self._by_host[0] != len(self.nodes):
             on: dict[str, list[str]] = {}
             for n in self.nodes.values():
-                if n.host and n.host != n.name:
+                if n.hosted:
                     on.setdefault(n.host, []).append(n.name)
             self._by_host = (
                 len(self.nodes),
